@@ -1,0 +1,37 @@
+//! Every name another component or a user's manifest must agree on, in one place.
+
+/// API group of Tessera's custom resources.
+pub const GROUP: &str = "tessera.dev";
+/// The only served version.
+pub const VERSION: &str = "v1alpha1";
+/// DRA driver name: ResourceSlices, DeviceClass selectors, CDI kind and attribute domain.
+pub const DRIVER_NAME: &str = "gpu.tessera.dev";
+
+/// Server-side-apply field manager of the operator (`GpuNode.spec`, policy status).
+pub const OPERATOR_FIELD_MANAGER: &str = "tessera-operator";
+/// Server-side-apply field manager of the node plugin (`GpuNode.status`, slices, claim status).
+pub const PLUGIN_FIELD_MANAGER: &str = "tessera-plugin";
+
+/// DeviceClass for whole GPUs.
+pub const DEVICE_CLASS_GPU: &str = "gpu.tessera.dev";
+/// DeviceClass for MIG partitions (select a profile with the `profile` attribute).
+pub const DEVICE_CLASS_MIG: &str = "mig.tessera.dev";
+/// DeviceClass for MPS shares (request compute and memory capacity).
+pub const DEVICE_CLASS_MPS: &str = "mps.tessera.dev";
+/// DeviceClass for time-sliced GPUs.
+pub const DEVICE_CLASS_TIMESLICE: &str = "timeslice.tessera.dev";
+
+/// Values of the `type` device attribute the DeviceClasses select on.
+pub mod device_type {
+    /// A whole GPU.
+    pub const GPU: &str = "gpu";
+    /// A MIG partition at one placement.
+    pub const MIG: &str = "mig";
+    /// An MPS share of one GPU.
+    pub const MPS: &str = "mps";
+    /// A time-sliced GPU.
+    pub const TIMESLICE: &str = "timeslice";
+}
+
+/// Label carried by every object Tessera creates, so they can be listed and cleaned up.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";

@@ -1,0 +1,372 @@
+//! `GpuSharingPolicy`: how GPUs on matching nodes may be shared.
+//!
+//! The spec is validated by the API server (CEL rules below), so an invalid combination is
+//! refused at `kubectl apply` with a message that says what to fix; the operator can then
+//! trust every stored policy's shape and only has to judge it against the hardware.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::schema;
+
+/// How GPUs on the nodes selected by `nodeSelector` (and, within them, the GPUs selected by
+/// `gpuSelector`) may be shared. When several policies select the same GPU, the one with the
+/// highest `priority` governs it; equal priorities are reported as `Conflicted`.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "tessera.dev",
+    version = "v1alpha1",
+    kind = "GpuSharingPolicy",
+    plural = "gpusharingpolicies",
+    shortname = "gsp",
+    doc = "How GPUs on matching nodes may be shared: MIG partitions, MPS shares, time-slicing, whole GPUs, or adaptively between them.",
+    category = "tessera",
+    status = "GpuSharingPolicyStatus",
+    printcolumn = r#"{"name":"Strategy","type":"string","jsonPath":".spec.strategy"}"#,
+    printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority","priority":1}"#,
+    printcolumn = r#"{"name":"Nodes","type":"integer","jsonPath":".status.matchedNodes"}"#,
+    printcolumn = r#"{"name":"GPUs","type":"integer","jsonPath":".status.matchedGpus"}"#,
+    printcolumn = r#"{"name":"Allocated","type":"string","jsonPath":".status.allocatedPercent","description":"Share of the governed compute and memory slices held by claims"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "self.strategy != 'MIG' || has(self.mig)",
+     "message": "strategy MIG needs a mig block: add spec.mig (for example mig: {mode: Dynamic})"},
+    {"rule": "self.strategy != 'Adaptive' || has(self.adaptive)",
+     "message": "strategy Adaptive needs an adaptive block: add spec.adaptive.strategies (for example [MIG, MPS])"},
+    {"rule": "!has(self.mig) || self.strategy == 'MIG' || (self.strategy == 'Adaptive' && has(self.adaptive) && 'MIG' in self.adaptive.strategies)",
+     "messageExpression": "'spec.mig is set but strategy is ' + self.strategy + ': remove spec.mig or set strategy: MIG'"},
+    {"rule": "!has(self.mps) || self.strategy == 'MPS' || (self.strategy == 'Adaptive' && has(self.adaptive) && 'MPS' in self.adaptive.strategies)",
+     "messageExpression": "'spec.mps is set but strategy is ' + self.strategy + ': remove spec.mps or set strategy: MPS'"},
+    {"rule": "!has(self.timeSlicing) || self.strategy == 'TimeSlicing' || (self.strategy == 'Adaptive' && has(self.adaptive) && 'TimeSlicing' in self.adaptive.strategies)",
+     "messageExpression": "'spec.timeSlicing is set but strategy is ' + self.strategy + ': remove spec.timeSlicing or set strategy: TimeSlicing'"},
+    {"rule": "!has(self.adaptive) || self.strategy == 'Adaptive'",
+     "messageExpression": "'spec.adaptive is set but strategy is ' + self.strategy + ': remove spec.adaptive or set strategy: Adaptive'"}
+]))]
+pub struct GpuSharingPolicySpec {
+    /// Which policy wins when several select the same GPU: the highest priority governs it.
+    /// Equal priorities on one GPU are reported in the `Conflicted` condition of both
+    /// policies, and the older policy wins. Default 0.
+    #[serde(default)]
+    #[schemars(range(min = -1000, max = 1000))]
+    pub priority: i32,
+
+    /// Nodes this policy applies to. Omitted: every node that runs the Tessera plugin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<LabelSelector>,
+
+    /// GPUs on the selected nodes this policy applies to. Omitted: every GPU of those nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_selector: Option<GpuSelector>,
+
+    /// How the selected GPUs are shared: `MIG` (hardware partitions), `MPS` (shares with
+    /// enforced thread and memory limits), `TimeSlicing` (shared in turns, no isolation),
+    /// `Exclusive` (one claim per whole GPU) or `Adaptive` (the operator moves idle GPUs
+    /// between the strategies listed in `adaptive.strategies` as demand changes).
+    pub strategy: SharingStrategy,
+
+    /// MIG settings; required when `strategy` is `MIG`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<MigPolicy>,
+
+    /// MPS settings; optional with strategy `MPS` (defaults apply).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps: Option<MpsPolicy>,
+
+    /// Time-slicing settings; optional with strategy `TimeSlicing`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_slicing: Option<TimeSlicingPolicy>,
+
+    /// Adaptive settings; required when `strategy` is `Adaptive`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adaptive: Option<AdaptivePolicy>,
+
+    /// When and how a GPU may change shape. Omitted: only idle GPUs are repartitioned and
+    /// GPUs are never reset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repartition: Option<RepartitionPolicy>,
+}
+
+/// A sharing strategy for a GPU.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+pub enum SharingStrategy {
+    /// Hardware partitions (Multi-Instance GPU) on MIG-capable GPUs.
+    #[serde(rename = "MIG")]
+    Mig,
+    /// CUDA Multi-Process Service with per-client thread and memory limits.
+    #[serde(rename = "MPS")]
+    Mps,
+    /// Several claims share the GPU in turns; no memory limits, no fault isolation.
+    TimeSlicing,
+    /// One claim per whole GPU.
+    Exclusive,
+    /// The operator picks among `adaptive.strategies` per GPU as demand changes.
+    Adaptive,
+}
+
+impl SharingStrategy {
+    /// The name used in manifests.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Mig => "MIG",
+            Self::Mps => "MPS",
+            Self::TimeSlicing => "TimeSlicing",
+            Self::Exclusive => "Exclusive",
+            Self::Adaptive => "Adaptive",
+        }
+    }
+}
+
+/// Selects GPUs on a node. Every listed criterion must match.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuSelector {
+    /// NVML product names, e.g. `NVIDIA H100 80GB HBM3`. Empty: any product.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(min = 1, max = 96)))]
+    pub product_names: Vec<String>,
+    /// GPU indices on the node (as NVML numbers them). Empty: any index.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(range(min = 0, max = 63)))]
+    pub indices: Vec<u32>,
+}
+
+/// MIG settings.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "self.mode != 'Static' || (has(self.layout) && size(self.layout) > 0)",
+     "message": "mig.mode Static needs a layout: list the instances every selected GPU holds, e.g. layout: [{profile: 3g.40gb, count: 2}]"},
+    {"rule": "self.mode == 'Static' || !has(self.layout) || size(self.layout) == 0",
+     "message": "mig.layout is only used with mode Static: remove it or set mig.mode: Static"}
+]))]
+pub struct MigPolicy {
+    /// `Dynamic` (default): every allowed placement is offered and partitions are created
+    /// when a claim is prepared. `Static`: the GPUs hold exactly `layout`, declared up front.
+    #[serde(default)]
+    pub mode: MigMode,
+
+    /// Profiles claims may get, e.g. `1g.10gb`, `3g.40gb`, `1g.10gb+me`. Empty: every
+    /// profile the GPU supports.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub allowed_profiles: Vec<MigProfileName>,
+
+    /// (Static mode) the instances each selected GPU holds. Placements are chosen by the
+    /// operator; a layout that does not fit the GPU's geometry is reported as `Degraded`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 7))]
+    pub layout: Vec<MigLayoutEntry>,
+
+    /// Where new partitions go: `Pack` (default) fills already-used GPUs first so whole
+    /// GPUs stay free for large requests; `Spread` prefers the emptiest GPU.
+    #[serde(default)]
+    pub placement: PlacementPolicy,
+
+    /// Whole GPUs per node kept free of MIG partitions, so a request for a full GPU (or a
+    /// 7g) can always be met on this node. Default 0.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 16))]
+    pub reserve: u32,
+}
+
+/// A MIG profile name such as `1g.10gb`, `3g.40gb` or `1g.10gb+me`. The API server checks
+/// its shape; whether the GPU offers it is judged against the hardware by the operator.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[serde(transparent)]
+pub struct MigProfileName(pub String);
+
+impl JsonSchema for MigProfileName {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "MigProfileName".into()
+    }
+
+    fn inline_schema() -> bool {
+        // Inlined so the CRD's structural schema has no `$ref`.
+        true
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schema::mig_profile_name(generator)
+    }
+}
+
+impl MigProfileName {
+    /// The profile name as written.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for MigProfileName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// MIG mode of a policy.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum MigMode {
+    /// Partitions are created at the placement the scheduler chose when a claim is prepared.
+    #[default]
+    Dynamic,
+    /// The layout is declared up front and kept.
+    Static,
+}
+
+/// Where new MIG partitions go.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum PlacementPolicy {
+    /// Fill already-used GPUs first (fewer fragmented GPUs).
+    #[default]
+    Pack,
+    /// Prefer the emptiest GPU (less interference between tenants).
+    Spread,
+}
+
+/// One line of a static MIG layout.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigLayoutEntry {
+    /// MIG profile name, e.g. `3g.40gb`.
+    pub profile: MigProfileName,
+    /// How many instances of the profile each GPU holds.
+    #[schemars(range(min = 1, max = 7))]
+    pub count: u32,
+}
+
+/// MPS settings.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MpsPolicy {
+    /// Most claims sharing one GPU through MPS (1–48). Default 8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self >= 1 && self <= 48", "message": "mps.maxClients must be between 1 and 48 (the MPS client limit on Volta and newer)"}
+    ]))]
+    pub max_clients: Option<i32>,
+
+    /// Share of the GPU's threads a client gets when its claim does not request compute
+    /// capacity, in percent (1–100). Default: 100 / maxClients.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self >= 1 && self <= 100", "message": "mps.defaultActiveThreadPercentage must be between 1 and 100 (a percentage of the GPU's threads)"}
+    ]))]
+    pub default_active_thread_percentage: Option<i32>,
+
+    /// Pinned device memory a client gets when its claim does not request memory
+    /// capacity, as a quantity such as `8Gi`. Default: GPU memory / maxClients.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::memory_quantity")]
+    pub default_pinned_memory_limit: Option<String>,
+}
+
+/// Time-slicing settings.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TimeSlicingPolicy {
+    /// Length of each claim's turn on the GPU. Default `Default` (the driver's choice).
+    #[serde(default)]
+    pub interval: TimeSliceInterval,
+    /// Most claims sharing one GPU (1–64). Default 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64))]
+    pub max_clients: Option<i32>,
+}
+
+/// Time-slice length, as `nvidia-smi compute-policy --set-timeslice` names them.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum TimeSliceInterval {
+    /// The driver's default.
+    #[default]
+    Default,
+    /// Short slices: lower latency, more switching overhead.
+    Short,
+    /// Medium slices.
+    Medium,
+    /// Long slices: better throughput for batch work.
+    Long,
+}
+
+/// Adaptive settings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!('Adaptive' in self.strategies)", "message": "adaptive.strategies cannot contain Adaptive: list the concrete strategies to move between (MIG, MPS, TimeSlicing, Exclusive)"},
+    {"rule": "size(self.strategies) >= 2", "message": "adaptive.strategies needs at least two strategies to move between; with one, set spec.strategy to it instead"}
+]))]
+pub struct AdaptivePolicy {
+    /// Strategies an idle GPU may be moved between, most preferred first.
+    #[schemars(length(min = 1, max = 4))]
+    pub strategies: Vec<SharingStrategy>,
+    /// Least time a GPU keeps a shape before it may change again, e.g. `10m`. Default `5m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::duration")]
+    pub cooldown: Option<String>,
+}
+
+/// When and how a GPU may change shape.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RepartitionPolicy {
+    /// Allow a GPU reset where a mode change needs one (A100/A30 MIG mode). Only idle GPUs
+    /// are ever reset. Default false: such GPUs report `MigModePendingReset` instead.
+    #[serde(default)]
+    pub allow_gpu_reset: bool,
+    /// How long to wait for a GPU's claims to go away before giving up on a
+    /// repartition, e.g. `15m`. Default `10m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::duration")]
+    pub drain_timeout: Option<String>,
+}
+
+/// Observed state of a policy, written by the operator.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuSharingPolicyStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`, `Progressing`, `Degraded`, `Conflicted`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// Nodes the policy selects.
+    #[serde(default)]
+    pub matched_nodes: u32,
+    /// GPUs the policy governs (selected and not overridden by a higher priority).
+    #[serde(default)]
+    pub matched_gpus: u32,
+    /// Devices published and allocated, per device type and profile.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<DeviceUsage>,
+    /// Share of the governed GPUs' compute slices held by claims, in percent.
+    #[serde(default)]
+    pub allocated_compute_percent: u32,
+    /// Share of the governed GPUs' memory held by claims, in percent.
+    #[serde(default)]
+    pub allocated_memory_percent: u32,
+    /// `allocatedComputePercent` formatted for `kubectl get`, e.g. `43%`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocated_percent: Option<String>,
+}
+
+/// Published and allocated devices of one kind.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceUsage {
+    /// Device type: `gpu`, `mig`, `mps`, `timeslice`.
+    #[serde(rename = "type")]
+    pub device_type: String,
+    /// MIG profile, for `mig` devices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// Devices advertised in ResourceSlices.
+    pub published: u32,
+    /// Devices allocated to claims.
+    pub allocated: u32,
+}

@@ -1,0 +1,93 @@
+//! Child processes of a control plane: each in its own process group, output to a log file,
+//! stopped with SIGTERM then SIGKILL, and swept up by the next run if a test process died
+//! without running its destructors.
+
+use std::{
+    fs::File,
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use nix::{
+    sys::signal::{Signal, killpg},
+    unistd::Pid,
+};
+
+/// A running component.
+pub(crate) struct Component {
+    pub name: &'static str,
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+/// Starting a component failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot create log file {0}")]
+    Log(PathBuf, #[source] std::io::Error),
+    #[error("cannot start {name} ({binary})")]
+    Spawn {
+        name: &'static str,
+        binary: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+pub(crate) fn spawn(
+    name: &'static str,
+    binary: &Path,
+    args: &[String],
+    log_dir: &Path,
+) -> Result<Component, Error> {
+    let log = log_dir.join(format!("{name}.log"));
+    let out = File::create(&log).map_err(|e| Error::Log(log.clone(), e))?;
+    let err = out.try_clone().map_err(|e| Error::Log(log.clone(), e))?;
+    let child = Command::new(binary)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        // Own process group: a Ctrl-C meant for `cargo xtask` does not reach a detached
+        // control plane, and stopping kills the whole group.
+        .process_group(0)
+        .spawn()
+        .map_err(|source| Error::Spawn {
+            name,
+            binary: binary.to_path_buf(),
+            source,
+        })?;
+    Ok(Component { name, child, log })
+}
+
+/// Stops a process group: SIGTERM, then SIGKILL after `grace`.
+pub(crate) fn stop_group(pid: u32, grace: Duration) {
+    let Ok(raw) = i32::try_from(pid) else { return };
+    let pgid = Pid::from_raw(raw);
+    if killpg(pgid, Signal::SIGTERM).is_err() {
+        return; // already gone
+    }
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if killpg(pgid, None).is_err() {
+            return;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    let _ = killpg(pgid, Signal::SIGKILL);
+}
+
+/// Whether a process exists.
+pub(crate) fn alive(pid: u32) -> bool {
+    i32::try_from(pid).is_ok_and(|raw| nix::sys::signal::kill(Pid::from_raw(raw), None).is_ok())
+}
+
+/// The last `n` lines of a file, for failure reports.
+pub(crate) fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}

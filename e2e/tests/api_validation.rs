@@ -1,0 +1,197 @@
+//! The Tessera API on a real API server: the CRDs install, every shipped manifest is
+//! accepted, and invalid policies are refused with a message that says what to fix.
+
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::{
+    Api, ResourceExt,
+    api::{DynamicObject, ListParams, PostParams},
+};
+use tessera_api::GpuSharingPolicy;
+use tessera_e2e::{cluster, repo_root, start_for_test};
+
+#[tokio::test]
+async fn crds_install_and_every_shipped_manifest_is_accepted() {
+    let cp = start_for_test().await.unwrap();
+    let client = cp.admin_client().await.unwrap();
+    let root = repo_root();
+    // RBAC for real: its namespaced objects need the namespace it creates, which a dry run
+    // would not store.
+    let rbac = cluster::apply_dir(&client, &root.join("config/rbac"), false).await;
+    assert!(rbac.unwrap_or_else(|e| panic!("config/rbac was refused: {e:#}")).len() >= 9);
+    for dir in ["config/deviceclasses", "config/samples"] {
+        let applied = cluster::apply_dir(&client, &root.join(dir), true).await;
+        let applied = applied.unwrap_or_else(|e| panic!("{dir} was refused: {e:#}"));
+        assert!(!applied.is_empty(), "{dir} has no manifests");
+    }
+    // Really store the samples, then read them back through the typed API.
+    cluster::apply_dir(&client, &root.join("config/samples"), false).await.unwrap();
+    let policies: Api<GpuSharingPolicy> = Api::all(client.clone());
+    let stored = policies.list(&ListParams::default()).await.unwrap();
+    assert!(stored.items.len() >= 5, "samples: {:?}", stored.items.iter().map(|p| p.name_any()).collect::<Vec<_>>());
+    let mig = policies.get("h100-inference-dynamic-mig").await.unwrap();
+    assert_eq!(mig.spec.mig.unwrap().allowed_profiles.len(), 4);
+}
+
+#[tokio::test]
+async fn the_printer_columns_and_short_names_work_in_kubectl() {
+    let cp = start_for_test().await.unwrap();
+    let client = cp.admin_client().await.unwrap();
+    cluster::apply_dir(&client, &repo_root().join("config/samples"), false).await.unwrap();
+    let out = std::process::Command::new(cp.bins().path("kubectl"))
+        .args(["get", "gsp"])
+        .env("KUBECONFIG", cp.kubeconfig_path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let header = text.lines().next().unwrap_or_default();
+    for col in ["NAME", "STRATEGY", "NODES", "GPUS", "ALLOCATED", "READY", "AGE"] {
+        assert!(header.contains(col), "missing column {col} in {header}");
+    }
+    assert!(text.contains("h100-inference-dynamic-mig") && text.contains("MIG"), "{text}");
+    let out = std::process::Command::new(cp.bins().path("kubectl"))
+        .args(["get", "tessera"])
+        .env("KUBECONFIG", cp.kubeconfig_path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "category tessera: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Each case: a policy spec (YAML) and a piece of the message the API server must return.
+const INVALID: &[(&str, &str, &str)] = &[
+    ("mig-without-mig-block", "strategy: MIG", "strategy MIG needs a mig block"),
+    (
+        "static-without-layout",
+        "strategy: MIG\nmig: {mode: Static}",
+        "mig.mode Static needs a layout",
+    ),
+    (
+        "dynamic-with-layout",
+        "strategy: MIG\nmig: {mode: Dynamic, layout: [{profile: 3g.40gb, count: 2}]}",
+        "mig.layout is only used with mode Static",
+    ),
+    (
+        "thread-percentage-zero",
+        "strategy: MPS\nmps: {defaultActiveThreadPercentage: 0}",
+        "defaultActiveThreadPercentage must be between 1 and 100",
+    ),
+    (
+        "thread-percentage-too-high",
+        "strategy: MPS\nmps: {defaultActiveThreadPercentage: 150}",
+        "defaultActiveThreadPercentage must be between 1 and 100",
+    ),
+    (
+        "too-many-mps-clients",
+        "strategy: MPS\nmps: {maxClients: 49}",
+        "maxClients must be between 1 and 48",
+    ),
+    (
+        "bad-profile-name",
+        "strategy: MIG\nmig: {allowedProfiles: [3g40gb]}",
+        "MIG profile 3g40gb is not a profile name",
+    ),
+    (
+        "bad-layout-profile",
+        "strategy: MIG\nmig: {mode: Static, layout: [{profile: 3g.40gb+mig, count: 1}]}",
+        "MIG profile 3g.40gb+mig is not a profile name",
+    ),
+    (
+        "mig-block-with-mps-strategy",
+        "strategy: MPS\nmig: {mode: Dynamic}",
+        "spec.mig is set but strategy is MPS",
+    ),
+    (
+        "mps-block-with-exclusive-strategy",
+        "strategy: Exclusive\nmps: {maxClients: 4}",
+        "spec.mps is set but strategy is Exclusive",
+    ),
+    (
+        "adaptive-without-block",
+        "strategy: Adaptive",
+        "strategy Adaptive needs an adaptive block",
+    ),
+    (
+        "adaptive-with-one-strategy",
+        "strategy: Adaptive\nadaptive: {strategies: [MIG]}\nmig: {mode: Dynamic}",
+        "needs at least two strategies",
+    ),
+    (
+        "adaptive-naming-itself",
+        "strategy: Adaptive\nadaptive: {strategies: [MPS, Adaptive]}",
+        "adaptive.strategies cannot contain Adaptive",
+    ),
+    (
+        "bad-duration",
+        "strategy: Exclusive\nrepartition: {drainTimeout: 10 minutes}",
+        "duration 10 minutes is not valid",
+    ),
+    (
+        "negative-memory",
+        "strategy: MPS\nmps: {defaultPinnedMemoryLimit: -1Gi}",
+        "memory limit -1Gi is not a positive quantity",
+    ),
+    ("unknown-strategy", "strategy: Sharing", "Unsupported value: \"Sharing\""),
+];
+
+#[tokio::test]
+async fn invalid_policies_are_refused_with_a_message_that_says_what_to_fix() {
+    let cp = start_for_test().await.unwrap();
+    let client = cp.admin_client().await.unwrap();
+    let policies = dynamic_policies(client);
+    let mut failures = Vec::new();
+    for (name, spec, expected) in INVALID {
+        let spec: serde_json::Value = serde_yaml::from_str(spec).unwrap();
+        let obj = serde_json::json!({
+            "apiVersion": "tessera.dev/v1alpha1",
+            "kind": "GpuSharingPolicy",
+            "metadata": {"name": name},
+            "spec": spec,
+        });
+        let obj: DynamicObject = serde_json::from_value(obj).unwrap();
+        match policies.create(&PostParams::default(), &obj).await {
+            Ok(_) => failures.push(format!("{name}: was accepted")),
+            Err(kube::Error::Api(status)) => {
+                if status.code != 422 || !status.message.contains(expected) {
+                    failures.push(format!("{name}: got {} {:?}, want a 422 containing {expected:?}", status.code, status.message));
+                }
+            }
+            Err(e) => failures.push(format!("{name}: {e}")),
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+    // Nothing invalid was stored.
+    let list = Api::<GpuSharingPolicy>::all(cp.admin_client().await.unwrap())
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(list.items.is_empty());
+}
+
+fn dynamic_policies(client: kube::Client) -> Api<DynamicObject> {
+    // Untyped objects let a test send what the Rust types would not allow (unknown enum
+    // values); the URL is the policy collection's.
+    let ar = kube::api::ApiResource::erase::<GpuSharingPolicy>(&());
+    Api::all_with(client, &ar)
+}
+
+#[tokio::test]
+async fn rbac_lets_the_plugin_write_slices_but_not_policies() {
+    let cp = start_for_test().await.unwrap();
+    let admin = cp.admin_client().await.unwrap();
+    cluster::create_namespace(&admin, "tessera-system").await.unwrap();
+    cluster::apply_dir(&admin, &repo_root().join("config/rbac"), false).await.unwrap();
+    let plugin = cluster::service_account_client(&cp, "tessera-system", "tessera-plugin")
+        .await
+        .unwrap();
+    // Allowed: reading slices (its own publishing needs list/watch).
+    Api::<ResourceSlice>::all(plugin.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("the plugin may list ResourceSlices");
+    // Refused: policies belong to people and the operator.
+    let err = Api::<GpuSharingPolicy>::all(plugin).list(&ListParams::default()).await.unwrap_err();
+    match err {
+        kube::Error::Api(s) => assert_eq!(s.code, 403, "{s:?}"),
+        e => panic!("expected 403, got {e}"),
+    }
+}

@@ -1,0 +1,46 @@
+//! `cargo xtask`: the project's one entry point for checks, the test bed and the demo.
+//!
+//! - `cargo xtask test`: formatting, lints, CRD drift, unit tests and the end-to-end tests
+//!   on a real control plane (built first if needed). `.ci/run` calls exactly this.
+//! - `cargo xtask demo`: a running local cluster with Tessera's API installed.
+//! - `cargo xtask crds [--check]`: (re)generate `crds/` from the Rust types.
+//! - `cargo xtask controlplane build|up|env|down`: the local control plane.
+
+mod controlplane;
+mod crds;
+mod demo;
+mod steps;
+mod test;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Tessera's task runner")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run every check CI runs: fmt, clippy, CRD drift, unit and end-to-end tests.
+    Test(test::Args),
+    /// Start a local control plane with Tessera's API, DeviceClasses and samples installed.
+    Demo(demo::Args),
+    /// Write crds/*.yaml from the Rust types (or, with --check, fail if they are stale).
+    Crds(crds::Args),
+    /// Build, start, inspect or stop the local Kubernetes control plane.
+    #[command(subcommand)]
+    Controlplane(controlplane::Command),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Runtime::new()?;
+    match cli.command {
+        Command::Test(args) => test::run(args, &runtime),
+        Command::Demo(args) => runtime.block_on(demo::run(args)),
+        Command::Crds(args) => crds::run(&args),
+        Command::Controlplane(cmd) => runtime.block_on(controlplane::run(cmd)),
+    }
+}
