@@ -54,7 +54,13 @@ mod tests {
         for crd in all() {
             assert_eq!(crd.spec.scope, "Cluster", "{:?}", crd.metadata.name);
             let version = &crd.spec.versions[0];
-            assert!(version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
+            assert!(
+                version
+                    .subresources
+                    .as_ref()
+                    .and_then(|s| s.status.as_ref())
+                    .is_some()
+            );
         }
     }
 

@@ -9,7 +9,9 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{MigMode, MigProfileName, MpsPolicy, PlacementPolicy, SharingStrategy, TimeSlicingPolicy};
+use crate::policy::{
+    MigMode, MigProfileName, MpsPolicy, PlacementPolicy, SharingStrategy, TimeSlicingPolicy,
+};
 
 /// What each GPU of a node should offer, as resolved from the `GpuSharingPolicy` objects.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -92,7 +92,9 @@ pub struct GpuSharingPolicySpec {
 }
 
 /// A sharing strategy for a GPU.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema,
+)]
 pub enum SharingStrategy {
     /// Hardware partitions (Multi-Instance GPU) on MIG-capable GPUs.
     #[serde(rename = "MIG")]

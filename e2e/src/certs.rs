@@ -20,10 +20,8 @@ pub(crate) struct Material {
 pub struct Error(#[from] rcgen::Error);
 
 pub(crate) fn generate() -> Result<Material, Error> {
-    let served = rcgen::generate_simple_self_signed(vec![
-        "localhost".to_string(),
-        "127.0.0.1".to_string(),
-    ])?;
+    let served =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".to_string()])?;
     let sa = rcgen::KeyPair::generate()?;
     Ok(Material {
         serving_cert_pem: served.cert.pem(),

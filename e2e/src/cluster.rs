@@ -79,10 +79,11 @@ pub async fn create_node(client: &Client, name: &str, labels: &[(&str, &str)]) -
         .create(&PostParams::default(), &node)
         .await
         .map_err(kube_err(format!("creating Node {name}")))?;
-    let resources: BTreeMap<String, Quantity> = [("cpu", "16"), ("memory", "64Gi"), ("pods", "110")]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
-        .collect();
+    let resources: BTreeMap<String, Quantity> =
+        [("cpu", "16"), ("memory", "64Gi"), ("pods", "110")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+            .collect();
     let status = NodeStatus {
         capacity: Some(resources.clone()),
         allocatable: Some(resources),
@@ -118,7 +119,11 @@ pub async fn create_namespace(client: &Client, name: &str) -> Result<()> {
 /// A client that authenticates as ServiceAccount `namespace/name` (created if missing) with
 /// a real token from the TokenRequest API, so the requests go through RBAC like the
 /// component's would in a cluster.
-pub async fn service_account_client(cp: &ControlPlane, namespace: &str, name: &str) -> Result<Client> {
+pub async fn service_account_client(
+    cp: &ControlPlane,
+    namespace: &str,
+    name: &str,
+) -> Result<Client> {
     let admin = cp.admin_client().await?;
     create_namespace(&admin, namespace).await?;
     let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
@@ -127,7 +132,11 @@ pub async fn service_account_client(cp: &ControlPlane, namespace: &str, name: &s
     match sas.create(&PostParams::default(), &sa).await {
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 409 => {}
-        Err(e) => return Err(kube_err(format!("creating ServiceAccount {namespace}/{name}"))(e)),
+        Err(e) => {
+            return Err(kube_err(format!(
+                "creating ServiceAccount {namespace}/{name}"
+            ))(e));
+        }
     }
     let req = TokenRequest {
         spec: Some(TokenRequestSpec {
@@ -139,7 +148,9 @@ pub async fn service_account_client(cp: &ControlPlane, namespace: &str, name: &s
     let token = sas
         .create_token_request(name, &PostParams::default(), &req)
         .await
-        .map_err(kube_err(format!("requesting a token for {namespace}/{name}")))?
+        .map_err(kube_err(format!(
+            "requesting a token for {namespace}/{name}"
+        )))?
         .status
         .and_then(|s| s.token)
         .unwrap_or_default();
@@ -152,7 +163,13 @@ pub async fn service_account_client(cp: &ControlPlane, namespace: &str, name: &s
 }
 
 /// Waits until `cond` holds for the named object.
-pub async fn wait_for<K, C>(api: &Api<K>, name: &str, cond: C, what: &str, timeout: Duration) -> Result<K>
+pub async fn wait_for<K, C>(
+    api: &Api<K>,
+    name: &str,
+    cond: C,
+    what: &str,
+    timeout: Duration,
+) -> Result<K>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
     C: Condition<K>,
@@ -187,7 +204,14 @@ pub async fn install_crds(client: &Client, crds: &[CustomResourceDefinition]) ->
     }
     for crd in crds {
         let name = crd.name_any();
-        wait_for(&api, &name, conditions::is_crd_established(), &format!("CRD {name} to be established"), Duration::from_secs(30)).await?;
+        wait_for(
+            &api,
+            &name,
+            conditions::is_crd_established(),
+            &format!("CRD {name} to be established"),
+            Duration::from_secs(30),
+        )
+        .await?;
     }
     Ok(())
 }
@@ -211,10 +235,11 @@ pub async fn apply_yaml(
 ) -> Result<Vec<Applied>> {
     let mut out = Vec::new();
     for doc in serde_yaml::Deserializer::from_str(yaml) {
-        let value: serde_json::Value = serde::Deserialize::deserialize(doc).map_err(|e| Error::Manifest {
-            source_name: source_name.to_string(),
-            detail: e.to_string(),
-        })?;
+        let value: serde_json::Value =
+            serde::Deserialize::deserialize(doc).map_err(|e| Error::Manifest {
+                source_name: source_name.to_string(),
+                detail: e.to_string(),
+            })?;
         if value.is_null() {
             continue;
         }
@@ -230,10 +255,14 @@ pub async fn apply_yaml(
             source_name: source_name.to_string(),
             detail: e.to_string(),
         })?;
-        let (ar, caps): (_, ApiCapabilities) = discovery.resolve_gvk(&gvk).ok_or_else(|| Error::Manifest {
-            source_name: source_name.to_string(),
-            detail: format!("the API server does not serve {}/{}", types.api_version, types.kind),
-        })?;
+        let (ar, caps): (_, ApiCapabilities) =
+            discovery.resolve_gvk(&gvk).ok_or_else(|| Error::Manifest {
+                source_name: source_name.to_string(),
+                detail: format!(
+                    "the API server does not serve {}/{}",
+                    types.api_version, types.kind
+                ),
+            })?;
         let name = obj.name_any();
         let api: Api<DynamicObject> = match caps.scope {
             Scope::Cluster => Api::all_with(client.clone(), &ar),
@@ -247,8 +276,13 @@ pub async fn apply_yaml(
         pp.dry_run = dry_run;
         api.patch(&name, &pp, &Patch::Apply(&obj))
             .await
-            .map_err(kube_err(format!("applying {} {name} from {source_name}", types.kind)))?;
-        out.push(Applied { object: format!("{}/{name}", types.kind) });
+            .map_err(kube_err(format!(
+                "applying {} {name} from {source_name}",
+                types.kind
+            )))?;
+        out.push(Applied {
+            object: format!("{}/{name}", types.kind),
+        });
     }
     Ok(out)
 }
@@ -260,7 +294,10 @@ pub async fn apply_dir(client: &Client, dir: &Path, dry_run: bool) -> Result<Vec
         .await
         .map_err(kube_err("running API discovery"))?;
     let mut files: Vec<_> = std::fs::read_dir(dir)
-        .map_err(|e| Error::Manifest { source_name: dir.display().to_string(), detail: e.to_string() })?
+        .map_err(|e| Error::Manifest {
+            source_name: dir.display().to_string(),
+            detail: e.to_string(),
+        })?
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
@@ -268,8 +305,10 @@ pub async fn apply_dir(client: &Client, dir: &Path, dry_run: bool) -> Result<Vec
     files.sort();
     let mut out = Vec::new();
     for f in files {
-        let text = std::fs::read_to_string(&f)
-            .map_err(|e| Error::Manifest { source_name: f.display().to_string(), detail: e.to_string() })?;
+        let text = std::fs::read_to_string(&f).map_err(|e| Error::Manifest {
+            source_name: f.display().to_string(),
+            detail: e.to_string(),
+        })?;
         out.extend(apply_yaml(client, &discovery, &f.display().to_string(), &text, dry_run).await?);
     }
     Ok(out)

@@ -196,7 +196,10 @@ impl ControlPlane {
         let sched_port = free_port()?;
         let kcm_port = free_port()?;
         self.server = format!("https://127.0.0.1:{api_port}");
-        write(&self.kubeconfig, &kubeconfig_yaml(&self.server, &m.serving_cert_pem, &token))?;
+        write(
+            &self.kubeconfig,
+            &kubeconfig_yaml(&self.server, &m.serving_cert_pem, &token),
+        )?;
         write_state(&dir, &self.state())?;
 
         let v = self.bins.version;
@@ -220,8 +223,14 @@ impl ControlPlane {
             ],
             &logs,
         )?;
-        self.wait_http("etcd", etcd_port, "/health", "true", Duration::from_secs(30))
-            .await?;
+        self.wait_http(
+            "etcd",
+            etcd_port,
+            "/health",
+            "true",
+            Duration::from_secs(30),
+        )
+        .await?;
 
         let mut api_args = vec![
             format!("--etcd-servers={etcd_url}"),
@@ -433,7 +442,14 @@ impl ControlPlane {
     pub fn logs_tail(&self, lines: usize) -> String {
         self.components
             .iter()
-            .map(|c| format!("==== {} ({})\n{}\n", c.name, c.log.display(), process::tail(&c.log, lines)))
+            .map(|c| {
+                format!(
+                    "==== {} ({})\n{}\n",
+                    c.name,
+                    c.log.display(),
+                    process::tail(&c.log, lines)
+                )
+            })
             .collect()
     }
 
@@ -453,7 +469,11 @@ impl ControlPlane {
     /// Stops every component, newest first. A throw-away (test) control plane is killed
     /// at once; one in a fixed directory gets time to shut down cleanly.
     pub fn stop(&mut self) {
-        let grace = if self.temp.is_some() { Duration::ZERO } else { Duration::from_secs(5) };
+        let grace = if self.temp.is_some() {
+            Duration::ZERO
+        } else {
+            Duration::from_secs(5)
+        };
         for c in self.components.iter_mut().rev() {
             process::stop_group(c.child.id(), grace);
             let _ = c.child.wait();
@@ -511,7 +531,9 @@ fn sweep_orphans() {
         if !name.to_string_lossy().starts_with("tessera-cp-") {
             continue;
         }
-        let Ok(state) = read_state(&e.path()) else { continue };
+        let Ok(state) = read_state(&e.path()) else {
+            continue;
+        };
         if state.owner_pid != 0 && !process::alive(state.owner_pid) {
             for pid in state.pids {
                 process::stop_group(pid, Duration::from_secs(2));
@@ -556,11 +578,13 @@ fn free_port() -> Result<u16> {
         path: "127.0.0.1".into(),
         source,
     })?;
-    l.local_addr().map(|a| a.port()).map_err(|source| Error::Io {
-        action: "reading the port of",
-        path: "127.0.0.1".into(),
-        source,
-    })
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|source| Error::Io {
+            action: "reading the port of",
+            path: "127.0.0.1".into(),
+            source,
+        })
 }
 
 /// A plain-HTTP GET on loopback (etcd's `/health`), returning the body.

@@ -9,9 +9,9 @@
 //! No fake API server anywhere: what the tests exercise is the real one.
 
 pub mod binaries;
+mod certs;
 pub mod cluster;
 pub mod controlplane;
-mod certs;
 mod process;
 pub mod version;
 

@@ -90,8 +90,17 @@ mod tests {
 
     #[test]
     fn versions_parse_with_and_without_a_v() {
-        assert_eq!("1.37.2".parse::<K8sVersion>().unwrap(), K8sVersion { minor: 37, patch: 2 });
-        assert_eq!("v1.36.3".parse::<K8sVersion>().unwrap().staging_tag(), "v0.36.3");
+        assert_eq!(
+            "1.37.2".parse::<K8sVersion>().unwrap(),
+            K8sVersion {
+                minor: 37,
+                patch: 2
+            }
+        );
+        assert_eq!(
+            "v1.36.3".parse::<K8sVersion>().unwrap().staging_tag(),
+            "v0.36.3"
+        );
     }
 
     #[test]

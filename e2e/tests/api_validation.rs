@@ -17,17 +17,31 @@ async fn crds_install_and_every_shipped_manifest_is_accepted() {
     // RBAC for real: its namespaced objects need the namespace it creates, which a dry run
     // would not store.
     let rbac = cluster::apply_dir(&client, &root.join("config/rbac"), false).await;
-    assert!(rbac.unwrap_or_else(|e| panic!("config/rbac was refused: {e:#}")).len() >= 9);
+    assert!(
+        rbac.unwrap_or_else(|e| panic!("config/rbac was refused: {e:#}"))
+            .len()
+            >= 9
+    );
     for dir in ["config/deviceclasses", "config/samples"] {
         let applied = cluster::apply_dir(&client, &root.join(dir), true).await;
         let applied = applied.unwrap_or_else(|e| panic!("{dir} was refused: {e:#}"));
         assert!(!applied.is_empty(), "{dir} has no manifests");
     }
     // Really store the samples, then read them back through the typed API.
-    cluster::apply_dir(&client, &root.join("config/samples"), false).await.unwrap();
+    cluster::apply_dir(&client, &root.join("config/samples"), false)
+        .await
+        .unwrap();
     let policies: Api<GpuSharingPolicy> = Api::all(client.clone());
     let stored = policies.list(&ListParams::default()).await.unwrap();
-    assert!(stored.items.len() >= 5, "samples: {:?}", stored.items.iter().map(|p| p.name_any()).collect::<Vec<_>>());
+    assert!(
+        stored.items.len() >= 5,
+        "samples: {:?}",
+        stored
+            .items
+            .iter()
+            .map(|p| p.name_any())
+            .collect::<Vec<_>>()
+    );
     let mig = policies.get("h100-inference-dynamic-mig").await.unwrap();
     assert_eq!(mig.spec.mig.unwrap().allowed_profiles.len(), 4);
 }
@@ -36,30 +50,55 @@ async fn crds_install_and_every_shipped_manifest_is_accepted() {
 async fn the_printer_columns_and_short_names_work_in_kubectl() {
     let cp = start_for_test().await.unwrap();
     let client = cp.admin_client().await.unwrap();
-    cluster::apply_dir(&client, &repo_root().join("config/samples"), false).await.unwrap();
+    cluster::apply_dir(&client, &repo_root().join("config/samples"), false)
+        .await
+        .unwrap();
     let out = std::process::Command::new(cp.bins().path("kubectl"))
         .args(["get", "gsp"])
         .env("KUBECONFIG", cp.kubeconfig_path())
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let header = text.lines().next().unwrap_or_default();
-    for col in ["NAME", "STRATEGY", "NODES", "GPUS", "ALLOCATED", "READY", "AGE"] {
+    for col in [
+        "NAME",
+        "STRATEGY",
+        "NODES",
+        "GPUS",
+        "ALLOCATED",
+        "READY",
+        "AGE",
+    ] {
         assert!(header.contains(col), "missing column {col} in {header}");
     }
-    assert!(text.contains("h100-inference-dynamic-mig") && text.contains("MIG"), "{text}");
+    assert!(
+        text.contains("h100-inference-dynamic-mig") && text.contains("MIG"),
+        "{text}"
+    );
     let out = std::process::Command::new(cp.bins().path("kubectl"))
         .args(["get", "tessera"])
         .env("KUBECONFIG", cp.kubeconfig_path())
         .output()
         .unwrap();
-    assert!(out.status.success(), "category tessera: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "category tessera: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Each case: a policy spec (YAML) and a piece of the message the API server must return.
 const INVALID: &[(&str, &str, &str)] = &[
-    ("mig-without-mig-block", "strategy: MIG", "strategy MIG needs a mig block"),
+    (
+        "mig-without-mig-block",
+        "strategy: MIG",
+        "strategy MIG needs a mig block",
+    ),
     (
         "static-without-layout",
         "strategy: MIG\nmig: {mode: Static}",
@@ -130,7 +169,11 @@ const INVALID: &[(&str, &str, &str)] = &[
         "strategy: MPS\nmps: {defaultPinnedMemoryLimit: -1Gi}",
         "memory limit -1Gi is not a positive quantity",
     ),
-    ("unknown-strategy", "strategy: Sharing", "Unsupported value: \"Sharing\""),
+    (
+        "unknown-strategy",
+        "strategy: Sharing",
+        "Unsupported value: \"Sharing\"",
+    ),
 ];
 
 #[tokio::test]
@@ -152,7 +195,10 @@ async fn invalid_policies_are_refused_with_a_message_that_says_what_to_fix() {
             Ok(_) => failures.push(format!("{name}: was accepted")),
             Err(kube::Error::Api(status)) => {
                 if status.code != 422 || !status.message.contains(expected) {
-                    failures.push(format!("{name}: got {} {:?}, want a 422 containing {expected:?}", status.code, status.message));
+                    failures.push(format!(
+                        "{name}: got {} {:?}, want a 422 containing {expected:?}",
+                        status.code, status.message
+                    ));
                 }
             }
             Err(e) => failures.push(format!("{name}: {e}")),
@@ -178,8 +224,12 @@ fn dynamic_policies(client: kube::Client) -> Api<DynamicObject> {
 async fn rbac_lets_the_plugin_write_slices_but_not_policies() {
     let cp = start_for_test().await.unwrap();
     let admin = cp.admin_client().await.unwrap();
-    cluster::create_namespace(&admin, "tessera-system").await.unwrap();
-    cluster::apply_dir(&admin, &repo_root().join("config/rbac"), false).await.unwrap();
+    cluster::create_namespace(&admin, "tessera-system")
+        .await
+        .unwrap();
+    cluster::apply_dir(&admin, &repo_root().join("config/rbac"), false)
+        .await
+        .unwrap();
     let plugin = cluster::service_account_client(&cp, "tessera-system", "tessera-plugin")
         .await
         .unwrap();
@@ -189,7 +239,10 @@ async fn rbac_lets_the_plugin_write_slices_but_not_policies() {
         .await
         .expect("the plugin may list ResourceSlices");
     // Refused: policies belong to people and the operator.
-    let err = Api::<GpuSharingPolicy>::all(plugin).list(&ListParams::default()).await.unwrap_err();
+    let err = Api::<GpuSharingPolicy>::all(plugin)
+        .list(&ListParams::default())
+        .await
+        .unwrap_err();
     match err {
         kube::Error::Api(s) => assert_eq!(s.code, 403, "{s:?}"),
         e => panic!("expected 403, got {e}"),

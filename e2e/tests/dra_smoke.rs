@@ -31,12 +31,15 @@ async fn publish_slices(client: &Client) {
         .map(|i| (format!("memory-slice-{i}"), json!({"value": "1"})))
         .collect();
     slices
-        .create(&PostParams::default(), &from_json(json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-            "metadata": {"name": format!("{NODE}-counters")},
-            "spec": {"driver": "gpu.tessera.dev", "nodeName": NODE, "pool": pool,
-                     "sharedCounters": [{"name": "gpu-0-counters", "counters": counters}]}
-        })))
+        .create(
+            &PostParams::default(),
+            &from_json(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                "metadata": {"name": format!("{NODE}-counters")},
+                "spec": {"driver": "gpu.tessera.dev", "nodeName": NODE, "pool": pool,
+                         "sharedCounters": [{"name": "gpu-0-counters", "counters": counters}]}
+            })),
+        )
         .await
         .unwrap();
     let consumes = |slices: std::ops::Range<u32>| {
@@ -51,20 +54,28 @@ async fn publish_slices(client: &Client) {
                "consumesCounters": consumes(range)})
     };
     slices
-        .create(&PostParams::default(), &from_json(json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-            "metadata": {"name": format!("{NODE}-gpu-0")},
-            "spec": {"driver": "gpu.tessera.dev", "nodeName": NODE, "pool": pool,
-                     "devices": [device("gpu-0-mig-4g-40gb-0", "4g.40gb", 0..4),
-                                 device("gpu-0-mig-2g-20gb-2", "2g.20gb", 2..4)]}
-        })))
+        .create(
+            &PostParams::default(),
+            &from_json(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                "metadata": {"name": format!("{NODE}-gpu-0")},
+                "spec": {"driver": "gpu.tessera.dev", "nodeName": NODE, "pool": pool,
+                         "devices": [device("gpu-0-mig-4g-40gb-0", "4g.40gb", 0..4),
+                                     device("gpu-0-mig-2g-20gb-2", "2g.20gb", 2..4)]}
+            })),
+        )
         .await
         .unwrap();
     // The API server must have kept the counters: a disabled feature gate would drop them
     // silently and the test below would pass for the wrong reason.
     let stored = slices.get(&format!("{NODE}-gpu-0")).await.unwrap();
     assert!(
-        stored.spec.devices.unwrap_or_default().iter().all(|d| d.consumes_counters.is_some()),
+        stored
+            .spec
+            .devices
+            .unwrap_or_default()
+            .iter()
+            .all(|d| d.consumes_counters.is_some()),
         "consumesCounters was dropped: is DRAPartitionableDevices on?"
     );
 }
@@ -72,24 +83,30 @@ async fn publish_slices(client: &Client) {
 async fn create_pod(client: &Client, name: &str) {
     let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), NS);
     templates
-        .create(&PostParams::default(), &from_json(json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name},
-            "spec": {"spec": {"devices": {"requests": [
-                {"name": "mig", "exactly": {"deviceClassName": "mig.tessera.dev"}}]}}}
-        })))
+        .create(
+            &PostParams::default(),
+            &from_json(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": name},
+                "spec": {"spec": {"devices": {"requests": [
+                    {"name": "mig", "exactly": {"deviceClassName": "mig.tessera.dev"}}]}}}
+            })),
+        )
         .await
         .unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    pods.create(&PostParams::default(), &from_json(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                            "resources": {"claims": [{"name": "gpu"}]}}],
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}]
-        }
-    })))
+    pods.create(
+        &PostParams::default(),
+        &from_json(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                "resources": {"claims": [{"name": "gpu"}]}}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}]
+            }
+        })),
+    )
     .await
     .unwrap();
 }
@@ -98,7 +115,10 @@ async fn wait_scheduled(pods: &Api<Pod>, name: &str) -> Pod {
     cluster::wait_for(
         pods,
         name,
-        |p: Option<&Pod>| p.and_then(|p| p.spec.as_ref()?.node_name.as_ref()).is_some(),
+        |p: Option<&Pod>| {
+            p.and_then(|p| p.spec.as_ref()?.node_name.as_ref())
+                .is_some()
+        },
         &format!("pod {name} to be scheduled"),
         Duration::from_secs(60),
     )
@@ -133,37 +153,83 @@ async fn overlapping_placements_are_exclusive_until_the_first_pod_goes_away() {
     let client = cp.admin_client().await.unwrap();
     cluster::create_node(&client, NODE, &[]).await.unwrap();
     cluster::create_namespace(&client, NS).await.unwrap();
-    let discovery = kube::discovery::Discovery::new(client.clone()).run().await.unwrap();
-    let class = std::fs::read_to_string(repo_root().join("config/deviceclasses/mig.tessera.dev.yaml")).unwrap();
-    cluster::apply_yaml(&client, &discovery, "mig.tessera.dev.yaml", &class, false).await.unwrap();
+    let discovery = kube::discovery::Discovery::new(client.clone())
+        .run()
+        .await
+        .unwrap();
+    let class =
+        std::fs::read_to_string(repo_root().join("config/deviceclasses/mig.tessera.dev.yaml"))
+            .unwrap();
+    cluster::apply_yaml(&client, &discovery, "mig.tessera.dev.yaml", &class, false)
+        .await
+        .unwrap();
     publish_slices(&client).await;
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     create_pod(&client, "first").await;
     let first = wait_scheduled(&pods, "first").await;
-    assert_eq!(first.spec.as_ref().unwrap().node_name.as_deref(), Some(NODE));
+    assert_eq!(
+        first.spec.as_ref().unwrap().node_name.as_deref(),
+        Some(NODE)
+    );
     // First fit: the scheduler takes the first device of the slice.
-    assert_eq!(allocated_device(&client, &first).await, "gpu-0-mig-4g-40gb-0");
+    assert_eq!(
+        allocated_device(&client, &first).await,
+        "gpu-0-mig-4g-40gb-0"
+    );
 
     create_pod(&client, "second").await;
     let unschedulable = |p: Option<&Pod>| {
         p.and_then(|p| p.status.as_ref()?.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")))
+            .is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c.type_ == "PodScheduled"
+                        && c.status == "False"
+                        && c.reason.as_deref() == Some("Unschedulable")
+                })
+            })
     };
-    let second = cluster::wait_for(&pods, "second", unschedulable, "pod second to be reported unschedulable", Duration::from_secs(60))
-        .await
-        .unwrap();
-    assert!(second.spec.unwrap().node_name.is_none(), "memory slices 2-3 are taken: no placement may be allocated");
+    let second = cluster::wait_for(
+        &pods,
+        "second",
+        unschedulable,
+        "pod second to be reported unschedulable",
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    assert!(
+        second.spec.unwrap().node_name.is_none(),
+        "memory slices 2-3 are taken: no placement may be allocated"
+    );
 
     // No kubelet confirms the deletion, so delete at once; the resourceclaim controller
     // then releases and deletes the generated claim and the scheduler retries.
-    pods.delete("first", &DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() })
-        .await
-        .unwrap();
-    cluster::wait_for(&pods, "first", conditions::is_deleted(""), "pod first to be gone", Duration::from_secs(30))
-        .await
-        .ok();
+    pods.delete(
+        "first",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        },
+    )
+    .await
+    .unwrap();
+    cluster::wait_for(
+        &pods,
+        "first",
+        conditions::is_deleted(""),
+        "pod first to be gone",
+        Duration::from_secs(30),
+    )
+    .await
+    .ok();
     let second = wait_scheduled(&pods, "second").await;
-    assert_eq!(second.spec.as_ref().unwrap().node_name.as_deref(), Some(NODE));
-    assert_eq!(allocated_device(&client, &second).await, "gpu-0-mig-4g-40gb-0");
+    assert_eq!(
+        second.spec.as_ref().unwrap().node_name.as_deref(),
+        Some(NODE)
+    );
+    assert_eq!(
+        allocated_device(&client, &second).await,
+        "gpu-0-mig-4g-40gb-0"
+    );
 }

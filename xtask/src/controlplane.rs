@@ -61,9 +61,10 @@ pub fn resolve(version: Option<K8sVersion>) -> anyhow::Result<K8sVersion> {
 /// Builds what is missing and returns the binaries.
 pub fn build(version: Option<K8sVersion>) -> anyhow::Result<BinDir> {
     let version = resolve(version)?;
-    let (bins, _) = timed(&format!("control plane binaries for Kubernetes {version}"), || {
-        Ok(binaries::ensure(version, &mut |line| println!("{line}"))?)
-    })?;
+    let (bins, _) = timed(
+        &format!("control plane binaries for Kubernetes {version}"),
+        || Ok(binaries::ensure(version, &mut |line| println!("{line}"))?),
+    )?;
     Ok(bins)
 }
 
@@ -101,13 +102,24 @@ pub async fn start(version: Option<K8sVersion>, name: &str) -> anyhow::Result<Co
     if read_state(&dir).is_ok() {
         let n = stop_detached(&dir)?;
         if n > 0 {
-            println!("stopped a previous control plane in {} ({n} processes)", dir.display());
+            println!(
+                "stopped a previous control plane in {} ({n} processes)",
+                dir.display()
+            );
         }
     }
     println!("\n==> starting etcd, kube-apiserver, kube-scheduler, kube-controller-manager");
     let started = std::time::Instant::now();
-    let cp = ControlPlane::start(ControlPlaneOptions { bins, dir: Some(dir) }).await?;
-    println!("<== control plane ready at {} in {}", cp.server(), human(started.elapsed()));
+    let cp = ControlPlane::start(ControlPlaneOptions {
+        bins,
+        dir: Some(dir),
+    })
+    .await?;
+    println!(
+        "<== control plane ready at {} in {}",
+        cp.server(),
+        human(started.elapsed())
+    );
     println!("    logs: {}", cp.dir().join("logs").display());
     Ok(cp)
 }

@@ -41,7 +41,11 @@ pub fn check(dir: &std::path::Path, rendered: &[(String, String)]) -> anyhow::Re
             stale.push(path.display().to_string());
         }
     }
-    stale.extend(unexpected_files(dir, rendered)?.iter().map(|p| p.display().to_string()));
+    stale.extend(
+        unexpected_files(dir, rendered)?
+            .iter()
+            .map(|p| p.display().to_string()),
+    );
     if !stale.is_empty() {
         bail!(
             "crds/ is out of date with the Rust types in api/: {}\nrun `cargo xtask crds` and commit the result",
@@ -52,14 +56,22 @@ pub fn check(dir: &std::path::Path, rendered: &[(String, String)]) -> anyhow::Re
     Ok(())
 }
 
-fn unexpected_files(dir: &std::path::Path, rendered: &[(String, String)]) -> anyhow::Result<Vec<PathBuf>> {
-    let Ok(entries) = std::fs::read_dir(dir) else { return Ok(vec![]) };
+fn unexpected_files(
+    dir: &std::path::Path,
+    rendered: &[(String, String)],
+) -> anyhow::Result<Vec<PathBuf>> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(vec![]);
+    };
     Ok(entries
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
         .filter(|p| {
-            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
             !rendered.iter().any(|(r, _)| *r == name)
         })
         .collect())

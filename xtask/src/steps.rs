@@ -18,7 +18,10 @@ pub fn repo_root() -> anyhow::Result<PathBuf> {
 }
 
 /// Prints a step header, runs it, prints how long it took.
-pub fn timed<T>(name: &str, f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<(T, Duration)> {
+pub fn timed<T>(
+    name: &str,
+    f: impl FnOnce() -> anyhow::Result<T>,
+) -> anyhow::Result<(T, Duration)> {
     println!("\n==> {name}");
     let start = Instant::now();
     let out = f().with_context(|| format!("step failed: {name}"))?;

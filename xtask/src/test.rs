@@ -23,10 +23,25 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         timings.push((name.to_string(), took));
         Ok(())
     };
-    step("cargo fmt --check", &mut || cargo(&["fmt", "--all", "--", "--check"], &[]))?;
-    step("cargo clippy (all targets, warnings are errors)", &mut || {
-        cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"], &[])
+    step("cargo fmt --check", &mut || {
+        cargo(&["fmt", "--all", "--", "--check"], &[])
     })?;
+    step(
+        "cargo clippy (all targets, warnings are errors)",
+        &mut || {
+            cargo(
+                &[
+                    "clippy",
+                    "--workspace",
+                    "--all-targets",
+                    "--",
+                    "-D",
+                    "warnings",
+                ],
+                &[],
+            )
+        },
+    )?;
     step("CRD drift (cargo xtask crds --check)", &mut || {
         let root = crate::steps::repo_root()?;
         crate::crds::check(&root.join("crds"), &tessera_api::crds::render_all()?)
@@ -41,9 +56,13 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         ("TESSERA_K8S_VERSION", bins.version.to_string()),
         ("TESSERA_K8S_BIN_DIR", bins.dir.display().to_string()),
     ];
-    step(&format!("cargo test --workspace (end-to-end on Kubernetes {})", bins.version), &mut || {
-        cargo(&["test", "--workspace", "--all-targets"], &envs)
-    })?;
+    step(
+        &format!(
+            "cargo test --workspace (end-to-end on Kubernetes {})",
+            bins.version
+        ),
+        &mut || cargo(&["test", "--workspace", "--all-targets"], &envs),
+    )?;
     println!("\nSummary:");
     for (name, took) in &timings {
         println!("  {:>8}  {name}", human(*took));

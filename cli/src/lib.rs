@@ -1,0 +1,70 @@
+//! `kubectl tessera`: look at Tessera's GPU model from a terminal.
+//!
+//! - `kubectl tessera profiles [MODEL] [-o table|json] [--draw] [--from-nvml]`
+//! - `kubectl tessera gpus --backend nvml|sim [--inventory FILE] [--state FILE] [-o table|json]`
+//!
+//! The library holds all logic so tests can call [`run`] with arguments and a buffer.
+
+mod draw;
+mod gpus;
+mod profiles;
+
+use std::{ffi::OsString, io::Write};
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// Output format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Human-readable table.
+    #[default]
+    Table,
+    /// JSON.
+    Json,
+}
+
+/// Which backend reads the GPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// The real GPUs, through libnvidia-ml.so.1.
+    Nvml,
+    /// A simulated node described by an inventory file.
+    Sim,
+}
+
+/// kubectl plugin for Tessera, the Kubernetes DRA driver that shares NVIDIA GPUs.
+#[derive(Debug, Parser)]
+#[command(name = "kubectl-tessera", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// MIG profiles of a GPU model (from the catalogue, or from the driver).
+    Profiles(profiles::ProfilesArgs),
+    /// The GPUs of this machine (NVML) or of a simulated node.
+    Gpus(gpus::GpusArgs),
+}
+
+/// Parses `args` (the first is the program name) and runs the command, writing to `out`.
+pub fn run<I, T>(args: I, out: &mut dyn Write) -> anyhow::Result<()>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help and --version are answers, not errors.
+            write!(out, "{e}")?;
+            return Ok(());
+        }
+        Err(e) => return Err(anyhow::anyhow!("{e}")),
+    };
+    match cli.command {
+        Command::Profiles(a) => profiles::run(&a, out),
+        Command::Gpus(a) => gpus::run(&a, out),
+    }
+}

@@ -1,0 +1,133 @@
+//! The simulated node's persistent state: what the hardware would remember across a
+//! plugin restart (MIG mode, instances, MPS daemons, compute mode).
+
+use std::{
+    fs::{self, File},
+    io::Write,
+    path::Path,
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::{ComputeMode, MpsDaemonConfig};
+
+/// Format version of the state file.
+pub const STATE_VERSION: u32 = 1;
+
+/// Whole-node state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SimState {
+    /// [`STATE_VERSION`].
+    pub version: u32,
+    /// GPUs in index order.
+    pub gpus: Vec<SimGpu>,
+    /// Next made-up MPS daemon pid.
+    pub next_pid: u32,
+}
+
+/// One simulated GPU.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SimGpu {
+    /// Index.
+    pub index: u32,
+    /// `GPU-…` UUID.
+    pub uuid: String,
+    /// Catalogue key.
+    pub model: String,
+    /// PCI bus id.
+    pub pci_bus_id: String,
+    /// MIG mode in effect.
+    pub mig_enabled: bool,
+    /// MIG mode after the next reset.
+    pub mig_pending: bool,
+    /// Whether the node can reset it.
+    pub resettable: bool,
+    /// Compute mode.
+    pub compute_mode: ComputeMode,
+    /// Running MPS daemon.
+    pub mps: Option<SimMps>,
+    /// GPU instances.
+    pub instances: Vec<SimGpuInstance>,
+    /// Lost (a `gpuLost` health event was injected).
+    #[serde(default)]
+    pub lost: bool,
+}
+
+/// A running MPS daemon.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SimMps {
+    /// Made-up pid.
+    pub pid: u32,
+    /// Its configuration.
+    pub config: MpsDaemonConfig,
+}
+
+/// A GPU instance.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SimGpuInstance {
+    /// GPU-instance id.
+    pub id: u32,
+    /// Profile id.
+    pub profile_id: u32,
+    /// Start.
+    pub start: u8,
+    /// Compute instances.
+    pub compute_instances: Vec<SimComputeInstance>,
+}
+
+/// A compute instance.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SimComputeInstance {
+    /// Compute-instance id.
+    pub id: u32,
+    /// `MIG-…` UUID.
+    pub uuid: String,
+}
+
+/// Writes `bytes` to `path` so that a reader sees either the old or the new content:
+/// temp file in the same directory, fsync, rename, fsync of the directory.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    fs::create_dir_all(dir)?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "state".into());
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    {
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    fs::rename(&tmp, path)?;
+    // The rename is durable only once the directory entry is.
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// Loads a state file; `Ok(None)` when it does not exist.
+pub fn load_state(path: &Path) -> std::io::Result<Option<SimState>> {
+    match fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(std::io::Error::other),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Saves a state file atomically.
+pub fn save_state(path: &Path, state: &SimState) -> std::io::Result<()> {
+    let json = serde_json::to_vec_pretty(state).map_err(std::io::Error::other)?;
+    write_atomic(path, &json)
+}

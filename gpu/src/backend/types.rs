@@ -1,0 +1,267 @@
+//! Owned snapshots and errors shared by every backend.
+
+use std::{fmt, path::PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{catalog::Architecture, geometry::PlacementError};
+
+/// A GPU as the backend sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuInfo {
+    /// NVML index.
+    pub index: u32,
+    /// `GPU-…` UUID.
+    pub uuid: String,
+    /// NVML product name, e.g. `NVIDIA H200`.
+    pub product_name: String,
+    /// Catalogue key when the product is known (`h200-141gb`).
+    pub model: Option<String>,
+    /// Total memory in MiB.
+    pub memory_mib: u64,
+    /// Architecture.
+    pub architecture: Architecture,
+    /// CUDA compute capability as `major.minor`.
+    pub compute_capability: String,
+    /// PCI bus id, e.g. `00000000:00:06.0`.
+    pub pci_bus_id: String,
+    /// Whether the GPU can do MIG.
+    pub mig_capable: bool,
+    /// MIG mode now in effect.
+    pub mig_enabled: bool,
+    /// MIG mode after the next reset (equal to `mig_enabled` when nothing is pending).
+    pub mig_pending: bool,
+    /// Compute mode.
+    pub compute_mode: ComputeMode,
+    /// Driver version, when known.
+    pub driver_version: Option<String>,
+}
+
+/// Outcome of a MIG mode request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigModeChange {
+    /// Mode in effect now.
+    pub current: bool,
+    /// Mode requested.
+    pub pending: bool,
+    /// Whether a GPU reset is needed before `pending` takes effect.
+    pub reset_required: bool,
+}
+
+/// A compute instance.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ComputeInstance {
+    /// Compute-instance id within its GPU instance.
+    pub id: u32,
+    /// UUID of the MIG device (`MIG-…`).
+    pub uuid: String,
+}
+
+/// A GPU instance with its compute instances.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigInstance {
+    /// Parent GPU index.
+    pub gpu: u32,
+    /// GPU-instance id (small integer, reused after destroy: not an identity).
+    pub gpu_instance_id: u32,
+    /// NVML profile id.
+    pub profile_id: u32,
+    /// Profile name (label).
+    pub profile_name: String,
+    /// First memory slice.
+    pub start: u8,
+    /// Memory slices.
+    pub size: u8,
+    /// Its compute instances (Tessera creates one spanning the GPU instance).
+    pub compute_instances: Vec<ComputeInstance>,
+}
+
+impl MigInstance {
+    /// UUID of the MIG device, once a compute instance exists.
+    pub fn uuid(&self) -> Option<&str> {
+        self.compute_instances.first().map(|c| c.uuid.as_str())
+    }
+}
+
+/// Compute mode (`nvidia-smi -c`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ComputeMode {
+    /// Many processes.
+    #[default]
+    Default,
+    /// One process (what MPS wants).
+    ExclusiveProcess,
+    /// No process.
+    Prohibited,
+}
+
+/// How to run the MPS control daemon of a GPU.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MpsDaemonConfig {
+    /// `CUDA_MPS_PIPE_DIRECTORY`.
+    pub pipe_dir: PathBuf,
+    /// `CUDA_MPS_LOG_DIRECTORY`.
+    pub log_dir: PathBuf,
+    /// `set_default_active_thread_percentage`.
+    pub default_active_thread_percentage: Option<u8>,
+    /// `set_default_device_pinned_mem_limit`, in MiB.
+    pub default_pinned_memory_limit_mib: Option<u64>,
+}
+
+/// State of a GPU's MPS control daemon.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "state")]
+pub enum MpsState {
+    /// Not running.
+    Stopped,
+    /// Running.
+    Running {
+        /// Daemon pid (simulated backends make one up).
+        pid: u32,
+        /// Its configuration.
+        config: MpsDaemonConfig,
+    },
+}
+
+/// A health event.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthEvent {
+    /// GPU index.
+    pub gpu: u32,
+    /// GPU UUID, when known.
+    #[serde(default)]
+    pub uuid: Option<String>,
+    /// What happened.
+    pub kind: HealthEventKind,
+}
+
+/// Kinds of health events.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "type")]
+pub enum HealthEventKind {
+    /// An XID error; `fatal` when the GPU needs attention (NVML "critical XID").
+    Xid {
+        /// XID code.
+        code: u64,
+        /// Whether devices on the GPU should stop taking work.
+        fatal: bool,
+    },
+    /// The GPU fell off the bus or stopped answering.
+    GpuLost,
+}
+
+/// The operation a [`BackendError`] is about; also the unit of fault injection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Operation {
+    /// Loading and initialising the backend.
+    Init,
+    /// Listing GPUs.
+    ListGpus,
+    /// Reading MIG profiles and placements.
+    ReadMigLayout,
+    /// Setting MIG mode.
+    SetMigMode,
+    /// Resetting a GPU.
+    ResetGpu,
+    /// Listing MIG instances.
+    ListInstances,
+    /// Creating a GPU instance.
+    CreateGpuInstance,
+    /// Creating a compute instance.
+    CreateComputeInstance,
+    /// Destroying a compute instance.
+    DestroyComputeInstance,
+    /// Destroying a GPU instance.
+    DestroyGpuInstance,
+    /// Starting MPS.
+    StartMps,
+    /// Stopping MPS.
+    StopMps,
+    /// Reading MPS state.
+    MpsState,
+    /// Setting compute mode.
+    SetComputeMode,
+    /// Saving simulated state.
+    SaveState,
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_else(|| format!("{self:?}"));
+        f.write_str(&s)
+    }
+}
+
+/// What went wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum ErrorKind {
+    /// No GPU / instance with that id.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The placement or resource is taken (NVML_ERROR_INSUFFICIENT_RESOURCES).
+    #[error("insufficient resources: {0}")]
+    InsufficientResources(String),
+    /// The geometry refuses the placement.
+    #[error("invalid placement: {0}")]
+    Placement(#[from] PlacementError),
+    /// The GPU or instance is busy (NVML_ERROR_IN_USE).
+    #[error("in use: {0}")]
+    InUse(String),
+    /// The GPU cannot do this (NVML_ERROR_NOT_SUPPORTED).
+    #[error("not supported: {0}")]
+    NotSupported(String),
+    /// Bad argument.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// Needs privileges (NVML_ERROR_NO_PERMISSION).
+    #[error("permission denied: {0}")]
+    NoPermission(String),
+    /// `libnvidia-ml.so.1` could not be loaded.
+    #[error(
+        "the NVML library could not be loaded ({0}); is the NVIDIA driver installed and libnvidia-ml.so.1 on the library path?"
+    )]
+    LibraryNotFound(String),
+    /// Any other driver error.
+    #[error("driver error: {0}")]
+    Driver(String),
+    /// A fault injected by the simulated backend.
+    #[error("injected fault: {0}")]
+    Injected(String),
+    /// Reading or writing a file.
+    #[error("I/O: {0}")]
+    Io(String),
+}
+
+/// A backend error: which GPU, which operation, what went wrong.
+#[derive(Debug, thiserror::Error)]
+#[error("{operation}{}: {kind}", gpu.map(|g| format!(" on GPU {g}")).unwrap_or_default())]
+pub struct BackendError {
+    /// GPU index, if the operation concerned one.
+    pub gpu: Option<u32>,
+    /// The operation.
+    pub operation: Operation,
+    /// The cause (part of the message, so not also reported as a `source`).
+    pub kind: ErrorKind,
+}
+
+impl BackendError {
+    /// Builds an error.
+    pub fn new(gpu: impl Into<Option<u32>>, operation: Operation, kind: ErrorKind) -> Self {
+        BackendError {
+            gpu: gpu.into(),
+            operation,
+            kind,
+        }
+    }
+}
