@@ -1,0 +1,242 @@
+//! Container Device Interface specs, one file per claim.
+//!
+//! The kubelet passes the CDI ids we return to the container runtime, which applies the
+//! edits of the named devices (environment, device nodes, mounts) to the container. The
+//! spec is transient: it lives in `/var/run/cdi` (cleared on boot) and is removed when the
+//! claim is unprepared. Device names carry the claim UID so a runtime's CDI cache can never
+//! serve one claim's edits to another (dra.md §9.3).
+
+use std::{
+    fs::{self, File},
+    io::Write,
+    path::{Path, PathBuf},
+};
+
+use serde::Serialize;
+
+/// CDI vendor: `k8s.<driver>` as both reference drivers do.
+pub const CDI_VENDOR: &str = "k8s.gpu.tessera.dev";
+/// CDI class.
+pub const CDI_CLASS: &str = "claim";
+
+/// Writing a spec failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{action} CDI spec {path}")]
+pub struct Error {
+    action: &'static str,
+    path: PathBuf,
+    #[source]
+    source: std::io::Error,
+}
+
+/// Edits applied to a container that gets a device.
+#[derive(Serialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerEdits {
+    /// `KEY=VALUE` entries.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    /// Device nodes to create in the container.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub device_nodes: Vec<DeviceNode>,
+    /// Bind mounts.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<Mount>,
+}
+
+/// A device node.
+#[derive(Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceNode {
+    /// Path in the container.
+    pub path: String,
+    /// Path on the host, when it differs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<String>,
+}
+
+/// A bind mount.
+#[derive(Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Mount {
+    /// Host path.
+    pub host_path: String,
+    /// Container path.
+    pub container_path: String,
+    /// Mount options.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
+}
+
+/// One CDI device of a claim.
+#[derive(Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CdiDevice {
+    /// `<claim uid>-<device name>`.
+    pub name: String,
+    /// Its edits.
+    pub container_edits: ContainerEdits,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Spec<'a> {
+    cdi_version: &'static str,
+    kind: String,
+    devices: &'a [CdiDevice],
+}
+
+/// The CDI device name for a claim's device.
+pub fn device_name(claim_uid: &str, device: &str) -> String {
+    format!("{claim_uid}-{device}")
+}
+
+/// The fully qualified CDI id (`vendor/class=name`).
+pub fn qualified_id(claim_uid: &str, device: &str) -> String {
+    format!(
+        "{CDI_VENDOR}/{CDI_CLASS}={}",
+        device_name(claim_uid, device)
+    )
+}
+
+/// The lowest `cdiVersion` that allows what the spec uses. A runtime refuses a spec that
+/// declares a lower version than its fields need (dra.md §9.1), and older runtimes refuse
+/// versions they do not know, so we declare exactly the minimum.
+pub fn minimum_version(devices: &[CdiDevice]) -> &'static str {
+    let digit_first = devices
+        .iter()
+        .any(|d| d.name.chars().next().is_some_and(|c| c.is_ascii_digit()));
+    let host_path = devices.iter().any(|d| {
+        d.container_edits
+            .device_nodes
+            .iter()
+            .any(|n| n.host_path.is_some())
+    });
+    if digit_first || host_path {
+        "0.5.0"
+    } else {
+        "0.3.0"
+    }
+}
+
+/// Per-claim spec files in one directory.
+#[derive(Clone, Debug)]
+pub struct CdiWriter {
+    dir: PathBuf,
+}
+
+impl CdiWriter {
+    /// Specs go to `dir` (normally `/var/run/cdi`).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    /// The spec file of a claim: `<vendor>-<class>_<uid>.json`.
+    pub fn spec_path(&self, claim_uid: &str) -> PathBuf {
+        self.dir
+            .join(format!("{CDI_VENDOR}-{CDI_CLASS}_{claim_uid}.json"))
+    }
+
+    /// Writes (atomically replaces) a claim's spec.
+    pub fn write(&self, claim_uid: &str, devices: &[CdiDevice]) -> Result<PathBuf, Error> {
+        let path = self.spec_path(claim_uid);
+        let err = |action, source| Error {
+            action,
+            path: path.clone(),
+            source,
+        };
+        fs::create_dir_all(&self.dir).map_err(|s| err("creating the directory of", s))?;
+        let spec = Spec {
+            cdi_version: minimum_version(devices),
+            kind: format!("{CDI_VENDOR}/{CDI_CLASS}"),
+            devices,
+        };
+        let text = serde_json::to_vec_pretty(&spec)
+            .map_err(|e| err("serialising", std::io::Error::other(e)))?;
+        // Runtimes watch this directory: a half-written file must never be visible, and a
+        // dot-file is ignored by them until it is renamed.
+        let tmp = self.dir.join(format!(".{claim_uid}.tmp"));
+        let mut f = File::create(&tmp).map_err(|s| err("creating a temp file for", s))?;
+        f.write_all(&text).map_err(|s| err("writing", s))?;
+        f.sync_all().map_err(|s| err("syncing", s))?;
+        fs::rename(&tmp, &path).map_err(|s| err("renaming into", s))?;
+        Ok(path)
+    }
+
+    /// Removes a claim's spec; a missing spec is fine (unprepare is idempotent).
+    pub fn remove(&self, claim_uid: &str) -> Result<(), Error> {
+        let path = self.spec_path(claim_uid);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(Error {
+                action: "removing",
+                path,
+                source,
+            }),
+        }
+    }
+
+    /// Whether a claim's spec exists.
+    pub fn exists(&self, claim_uid: &str) -> bool {
+        Path::exists(&self.spec_path(claim_uid))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mig_device(uid: &str) -> CdiDevice {
+        CdiDevice {
+            name: device_name(uid, "gpu-0-mig-1g-10gb-3"),
+            container_edits: ContainerEdits {
+                env: vec!["NVIDIA_VISIBLE_DEVICES=MIG-1234".into()],
+                device_nodes: vec![DeviceNode {
+                    path: "/dev/nvidia0".into(),
+                    host_path: None,
+                }],
+                mounts: vec![],
+            },
+        }
+    }
+
+    #[test]
+    fn ids_are_qualified_and_carry_the_claim_uid() {
+        assert_eq!(
+            qualified_id("9f1c", "gpu-1-mps"),
+            "k8s.gpu.tessera.dev/claim=9f1c-gpu-1-mps"
+        );
+    }
+
+    #[test]
+    fn a_device_name_starting_with_a_digit_needs_cdi_0_5() {
+        assert_eq!(minimum_version(&[mig_device("9f1c-uid")]), "0.5.0");
+        assert_eq!(minimum_version(&[mig_device("abc-uid")]), "0.3.0");
+    }
+
+    #[test]
+    fn write_then_remove_round_trips_and_remove_is_idempotent() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = CdiWriter::new(dir.path());
+        let path = w.write("7a-uid", &[mig_device("7a-uid")]).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(v["cdiVersion"], "0.5.0");
+        assert_eq!(v["kind"], "k8s.gpu.tessera.dev/claim");
+        assert_eq!(v["devices"][0]["name"], "7a-uid-gpu-0-mig-1g-10gb-3");
+        assert_eq!(
+            v["devices"][0]["containerEdits"]["env"][0],
+            "NVIDIA_VISIBLE_DEVICES=MIG-1234"
+        );
+        assert!(w.exists("7a-uid"));
+        w.remove("7a-uid").unwrap();
+        w.remove("7a-uid").unwrap();
+        assert!(!w.exists("7a-uid"));
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "no temp file left"
+        );
+    }
+}

@@ -1,0 +1,134 @@
+//! Command-line flags of `tessera-plugin`, each with an environment-variable twin so a
+//! DaemonSet can set them either way.
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use clap::{Parser, ValueEnum};
+
+/// Which hardware backend drives the GPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendKind {
+    /// The NVIDIA driver through NVML (production).
+    Nvml,
+    /// The simulated backend (tests, demos); needs `--sim-inventory`.
+    Sim,
+}
+
+/// What a GPU offers before the operator has written a `GpuNode.spec` for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DefaultStrategy {
+    /// Dynamic MIG with every profile on MIG-capable GPUs, whole GPUs elsewhere.
+    DynamicMig,
+    /// Whole GPUs only.
+    Exclusive,
+}
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Tessera's kubelet plugin: publishes what each GPU can become and repartitions it when
+/// the kubelet prepares a claim.
+#[derive(Parser, Clone, Debug)]
+#[command(name = "tessera-plugin", version)]
+pub struct Args {
+    /// Name of the Node this plugin serves (pool name and ResourceSlice node).
+    #[arg(long, env = "TESSERA_NODE_NAME")]
+    pub node_name: String,
+
+    /// DRA driver name.
+    #[arg(long, env = "TESSERA_DRIVER_NAME", default_value = tessera_api::constants::DRIVER_NAME)]
+    pub driver_name: String,
+
+    /// The kubelet's plugin registration directory (watched by the kubelet).
+    #[arg(
+        long,
+        env = "TESSERA_REGISTRY_DIR",
+        default_value = "/var/lib/kubelet/plugins_registry"
+    )]
+    pub registry_dir: PathBuf,
+
+    /// The kubelet's plugins directory; the DRA socket is `<dir>/<driver>/dra.sock`.
+    #[arg(
+        long,
+        env = "TESSERA_PLUGINS_DIR",
+        default_value = "/var/lib/kubelet/plugins"
+    )]
+    pub plugins_dir: PathBuf,
+
+    /// Where per-claim CDI specs are written (read by the container runtime).
+    #[arg(long, env = "TESSERA_CDI_DIR", default_value = "/var/run/cdi")]
+    pub cdi_dir: PathBuf,
+
+    /// Where the plugin keeps its checkpoint; must survive plugin restarts (hostPath).
+    #[arg(
+        long,
+        env = "TESSERA_STATE_DIR",
+        default_value = "/var/lib/kubelet/plugins/gpu.tessera.dev"
+    )]
+    pub state_dir: PathBuf,
+
+    /// Hardware backend.
+    #[arg(long, env = "TESSERA_BACKEND", value_enum, default_value_t = BackendKind::Nvml)]
+    pub backend: BackendKind,
+
+    /// Inventory YAML of the simulated node (with `--backend sim`).
+    #[arg(long, env = "TESSERA_SIM_INVENTORY", required_if_eq("backend", "sim"))]
+    pub sim_inventory: Option<PathBuf>,
+
+    /// State file of the simulated hardware; survives plugin restarts like real hardware.
+    /// Default: `<state-dir>/sim-hardware.json`.
+    #[arg(long, env = "TESSERA_SIM_STATE")]
+    pub sim_state: Option<PathBuf>,
+
+    /// What GPUs offer until the operator writes this node's `GpuNode.spec`.
+    #[arg(long, env = "TESSERA_DEFAULT_STRATEGY", value_enum, default_value_t = DefaultStrategy::DynamicMig)]
+    pub default_strategy: DefaultStrategy,
+
+    /// Address of the metrics (`/metrics`) and health (`/healthz`, `/readyz`) endpoint.
+    #[arg(long, env = "TESSERA_METRICS_ADDRESS", default_value = "0.0.0.0:8080")]
+    pub metrics_address: SocketAddr,
+
+    /// Log format.
+    #[arg(long, env = "TESSERA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Kubeconfig to use instead of the in-cluster configuration (development, tests).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_flag_definitions_are_consistent() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn the_sim_backend_requires_an_inventory() {
+        let err = Args::try_parse_from(["tessera-plugin", "--node-name", "n", "--backend", "sim"])
+            .unwrap_err();
+        assert!(err.to_string().contains("--sim-inventory"), "{err}");
+    }
+
+    #[test]
+    fn defaults_match_the_kubelet_layout() {
+        let a = Args::try_parse_from(["tessera-plugin", "--node-name", "n"]).unwrap();
+        assert_eq!(a.driver_name, "gpu.tessera.dev");
+        assert_eq!(
+            a.registry_dir,
+            PathBuf::from("/var/lib/kubelet/plugins_registry")
+        );
+        assert_eq!(a.default_strategy, DefaultStrategy::DynamicMig);
+    }
+}

@@ -1,0 +1,290 @@
+//! The driver proper: what `NodePrepareResources` and `NodeUnprepareResources` do to the
+//! hardware, made idempotent and crash-safe by the two-phase [`checkpoint`](crate::checkpoint).
+//!
+//! Concurrency: calls that touch the same GPU are serialised by a per-GPU lock (taken in
+//! index order, so two claims never deadlock), calls on different GPUs run in parallel.
+//! Hardware calls are blocking (NVML) and run on the blocking pool.
+
+mod claim;
+mod prepare;
+mod recovery;
+mod unprepare;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
+
+use kube::Client;
+use tessera_gpu::{
+    Occupancy, Placement,
+    backend::{BackendError, GpuBackend, GpuInfo, MigInstance},
+    catalog::MigLayout,
+};
+use tokio::sync::{Mutex, OwnedMutexGuard, watch};
+
+pub use recovery::RecoveryReport;
+
+use crate::{
+    cdi::CdiWriter,
+    checkpoint::{Checkpoint, CheckpointStore},
+    kubelet::{ClaimRef, DraDriver, PrepareResults, UnprepareResults},
+    metrics::Metrics,
+};
+
+/// A per-claim failure, shown by the kubelet in the pod's events.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    /// The ResourceClaim could not be read.
+    #[error("cannot read ResourceClaim {claim}: {source}")]
+    Read {
+        /// Claim.
+        claim: String,
+        /// Cause.
+        #[source]
+        source: kube::Error,
+    },
+    /// The claim is not what the kubelet described, or not allocated to us.
+    #[error("{0}")]
+    Invalid(String),
+    /// A device is already prepared for another claim.
+    #[error("device {device} is already prepared for claim {other}")]
+    InUse {
+        /// Device.
+        device: String,
+        /// The claim holding it.
+        other: String,
+    },
+    /// The hardware refused.
+    #[error("{0}")]
+    Hardware(#[from] BackendError),
+    /// The checkpoint could not be written: nothing is done without it.
+    #[error("checkpoint: {0}")]
+    Checkpoint(#[from] crate::checkpoint::Error),
+    /// The CDI spec could not be written.
+    #[error("CDI: {0}")]
+    Cdi(#[from] crate::cdi::Error),
+    /// A blocking task failed.
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+/// Static facts about the node's GPUs, read once at start-up.
+#[derive(Clone, Debug)]
+pub struct NodeGpus {
+    /// Every GPU.
+    pub gpus: Vec<GpuInfo>,
+    /// MIG geometry of each MIG-capable GPU, read from the backend (the driver's truth).
+    pub layouts: BTreeMap<u32, MigLayout>,
+}
+
+impl NodeGpus {
+    /// Reads the GPUs and their layouts from the backend.
+    pub fn read(backend: &dyn GpuBackend) -> Result<Self, BackendError> {
+        let gpus = backend.gpus()?;
+        let mut layouts = BTreeMap::new();
+        for g in &gpus {
+            if g.mig_capable
+                && let Some(l) = backend.mig_layout(g.index)?
+            {
+                layouts.insert(g.index, l);
+            }
+        }
+        Ok(Self { gpus, layouts })
+    }
+
+    /// The GPU with this index.
+    pub fn gpu(&self, index: u32) -> Option<&GpuInfo> {
+        self.gpus.iter().find(|g| g.index == index)
+    }
+}
+
+/// Shared state of the driver.
+pub struct Driver {
+    pub(crate) client: Client,
+    pub(crate) node: String,
+    pub(crate) driver_name: String,
+    pub(crate) backend: Arc<dyn GpuBackend>,
+    pub(crate) hw: NodeGpus,
+    pub(crate) store: CheckpointStore,
+    pub(crate) checkpoint: Mutex<Checkpoint>,
+    pub(crate) cdi: CdiWriter,
+    pub(crate) mps_root: std::path::PathBuf,
+    gpu_locks: BTreeMap<u32, Arc<Mutex<()>>>,
+    changed: watch::Sender<u64>,
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+/// Everything a [`Driver`] needs.
+pub struct DriverConfig {
+    /// API client (the plugin's ServiceAccount).
+    pub client: Client,
+    /// Node name (= pool name).
+    pub node: String,
+    /// DRA driver name.
+    pub driver_name: String,
+    /// Hardware.
+    pub backend: Arc<dyn GpuBackend>,
+    /// The GPUs.
+    pub hw: NodeGpus,
+    /// Checkpoint file.
+    pub store: CheckpointStore,
+    /// CDI spec directory writer.
+    pub cdi: CdiWriter,
+    /// Where per-GPU MPS pipe and log directories live.
+    pub mps_root: std::path::PathBuf,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+impl Driver {
+    /// Loads the checkpoint; does not touch hardware (see [`Driver::recover`]).
+    pub fn new(cfg: DriverConfig) -> Result<Arc<Self>, crate::checkpoint::Error> {
+        let checkpoint = cfg.store.load()?;
+        let gpu_locks = cfg
+            .hw
+            .gpus
+            .iter()
+            .map(|g| (g.index, Arc::new(Mutex::new(()))))
+            .collect();
+        let (changed, _) = watch::channel(0);
+        Ok(Arc::new(Self {
+            client: cfg.client,
+            node: cfg.node,
+            driver_name: cfg.driver_name,
+            backend: cfg.backend,
+            hw: cfg.hw,
+            store: cfg.store,
+            checkpoint: Mutex::new(checkpoint),
+            cdi: cfg.cdi,
+            mps_root: cfg.mps_root,
+            gpu_locks,
+            changed,
+            metrics: cfg.metrics,
+        }))
+    }
+
+    /// Notified after every change of the hardware or of prepared claims, so slices and
+    /// status are republished.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    pub(crate) fn notify_changed(&self) {
+        self.changed.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// Locks the given GPUs in index order.
+    pub(crate) async fn lock_gpus(&self, gpus: &BTreeSet<u32>) -> Vec<OwnedMutexGuard<()>> {
+        let mut guards = Vec::new();
+        for g in gpus {
+            if let Some(l) = self.gpu_locks.get(g) {
+                guards.push(l.clone().lock_owned().await);
+            }
+        }
+        guards
+    }
+
+    /// Runs a blocking backend call on the blocking pool.
+    pub(crate) async fn hw<T, F>(&self, f: F) -> Result<T, ClaimError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn GpuBackend) -> Result<T, BackendError> + Send + 'static,
+    {
+        let backend = self.backend.clone();
+        tokio::task::spawn_blocking(move || f(backend.as_ref()))
+            .await
+            .map_err(|e| ClaimError::Internal(format!("hardware task failed: {e}")))?
+            .map_err(ClaimError::from)
+    }
+
+    /// Live MIG instances of every MIG-capable GPU.
+    pub async fn live_instances(&self) -> Result<BTreeMap<u32, Vec<MigInstance>>, ClaimError> {
+        let gpus: Vec<u32> = self.hw.layouts.keys().copied().collect();
+        self.hw(move |b| {
+            gpus.iter()
+                .map(|g| Ok((*g, b.mig_instances(*g)?)))
+                .collect::<Result<_, _>>()
+        })
+        .await
+    }
+
+    /// Occupancy of each MIG-capable GPU from its live instances.
+    pub fn occupancy(&self, live: &BTreeMap<u32, Vec<MigInstance>>) -> BTreeMap<u32, Occupancy> {
+        self.hw
+            .layouts
+            .iter()
+            .map(|(g, layout)| {
+                let placements: Vec<Placement> = live
+                    .get(g)
+                    .map(|v| {
+                        v.iter()
+                            .map(|i| Placement {
+                                profile_id: i.profile_id,
+                                start: i.start,
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                (
+                    *g,
+                    Occupancy::from_placements(layout, &placements).unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+
+    /// A snapshot of the checkpoint.
+    pub async fn checkpoint_snapshot(&self) -> Checkpoint {
+        self.checkpoint.lock().await.clone()
+    }
+}
+
+/// The gRPC layer's view of the driver.
+#[derive(Clone)]
+pub struct DriverHandle(pub Arc<Driver>);
+
+impl DraDriver for DriverHandle {
+    async fn prepare(&self, claims: Vec<ClaimRef>) -> PrepareResults {
+        let futures = claims.into_iter().map(|c| {
+            let d = self.0.clone();
+            async move {
+                let started = std::time::Instant::now();
+                let result = d.prepare_claim(&c).await;
+                d.metrics.observe_prepare(started.elapsed(), result.is_ok());
+                if let Err(e) = &result {
+                    tracing::warn!(claim = %c, error = %e, "prepare failed");
+                }
+                (c.uid, result.map_err(|e| e.to_string()))
+            }
+        });
+        let results: PrepareResults = futures::future::join_all(futures)
+            .await
+            .into_iter()
+            .collect();
+        self.0.notify_changed();
+        results
+    }
+
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults {
+        let futures = claims.into_iter().map(|c| {
+            let d = self.0.clone();
+            async move {
+                let started = std::time::Instant::now();
+                let result = d.unprepare_claim(&c).await;
+                d.metrics
+                    .observe_unprepare(started.elapsed(), result.is_ok());
+                if let Err(e) = &result {
+                    tracing::warn!(claim = %c, error = %e, "unprepare failed");
+                }
+                (c.uid, result.map_err(|e| e.to_string()))
+            }
+        });
+        let results: UnprepareResults = futures::future::join_all(futures)
+            .await
+            .into_iter()
+            .collect();
+        self.0.notify_changed();
+        results
+    }
+}

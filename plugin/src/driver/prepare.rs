@@ -1,0 +1,369 @@
+//! `NodePrepareResources` for one claim.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::{
+    Api,
+    api::{Patch, PatchParams},
+};
+use serde_json::json;
+use tessera_api::constants::PLUGIN_FIELD_MANAGER;
+use tessera_gpu::{
+    backend::{BackendError, ComputeMode, ErrorKind, MpsDaemonConfig, MpsState, Operation},
+    mps::{self, MpsRequest},
+};
+use tracing::{info, warn};
+
+use super::{ClaimError, Driver};
+use crate::{
+    cdi::{self, CdiDevice, ContainerEdits, Mount},
+    checkpoint::{ClaimPhase, ClaimRecord, DeviceKind, DeviceRecord, MigIdentity},
+    kubelet::{ClaimRef, PreparedDevice},
+};
+
+/// Where the MPS pipe directory appears inside containers.
+const MPS_PIPE_IN_CONTAINER: &str = "/tmp/nvidia-mps";
+
+pub(crate) fn to_prepared(rec: &ClaimRecord) -> Vec<PreparedDevice> {
+    rec.devices
+        .iter()
+        .map(|d| PreparedDevice {
+            request_names: d.request_names.clone(),
+            pool_name: d.pool.clone(),
+            device_name: d.device.clone(),
+            cdi_device_ids: d.cdi_device_ids.clone(),
+            share_id: d.share_id.clone(),
+        })
+        .collect()
+}
+
+impl Driver {
+    /// Prepares one claim; idempotent.
+    pub(crate) async fn prepare_claim(
+        &self,
+        c: &ClaimRef,
+    ) -> Result<Vec<PreparedDevice>, ClaimError> {
+        if let Some(done) = self.completed(&c.uid).await {
+            return Ok(done);
+        }
+        let claim = self.read_claim(c).await?;
+        let mut devices = self.plan(&claim)?;
+        let gpus: BTreeSet<u32> = devices.iter().map(|d| d.gpu).collect();
+        let _guards = self.lock_gpus(&gpus).await;
+        // A repeated call may have finished while we waited for the locks.
+        if let Some(done) = self.completed(&c.uid).await {
+            return Ok(done);
+        }
+        let half_done = self.checkpoint.lock().await.claims.get(&c.uid).cloned();
+        if let Some(rec) = half_done {
+            info!(claim = %c, "rolling back an interrupted prepare before retrying it");
+            self.rollback(&rec).await?;
+        }
+        self.check_not_in_use(c, &devices).await?;
+
+        // Phase 1: record the intent before touching hardware.
+        let mut record = ClaimRecord {
+            namespace: c.namespace.clone(),
+            name: c.name.clone(),
+            uid: c.uid.clone(),
+            phase: ClaimPhase::PrepareStarted,
+            devices: devices.clone(),
+        };
+        self.save_record(&record).await?;
+
+        for i in 0..devices.len() {
+            if let Err(e) = self.make(&mut devices[i]).await {
+                record.devices = devices.clone();
+                if let Err(rb) = self.rollback(&record).await {
+                    warn!(claim = %c, error = %rb, "rollback after a failed prepare also failed; the next start-up retries it");
+                }
+                return Err(e);
+            }
+            if matches!(devices[i].kind, DeviceKind::Mig { .. }) {
+                // Record the instance's identity at once: a crash from here on must
+                // find and destroy exactly this instance.
+                record.devices = devices.clone();
+                self.save_record(&record).await?;
+            }
+        }
+
+        let cdi_devices: Vec<CdiDevice> =
+            devices.iter().map(|d| self.cdi_device(&c.uid, d)).collect();
+        for d in &mut devices {
+            d.cdi_device_ids = vec![cdi::qualified_id(&c.uid, &d.device)];
+        }
+        self.cdi.write(&c.uid, &cdi_devices)?;
+
+        // Phase 2: done.
+        record.devices = devices;
+        record.phase = ClaimPhase::PrepareCompleted;
+        self.save_record(&record).await?;
+        info!(claim = %c, devices = ?record.devices.iter().map(|d| d.device.as_str()).collect::<Vec<_>>(), "prepared");
+
+        if let Err(e) = self.write_claim_status(c, &record).await {
+            // The devices are made and the pod can run; the status is informational.
+            warn!(claim = %c, error = %e, "could not record status.devices on the claim");
+            self.metrics.status_write_failures.inc();
+        }
+        Ok(to_prepared(&record))
+    }
+
+    async fn completed(&self, uid: &str) -> Option<Vec<PreparedDevice>> {
+        let cp = self.checkpoint.lock().await;
+        cp.claims
+            .get(uid)
+            .filter(|r| r.phase == ClaimPhase::PrepareCompleted)
+            .map(to_prepared)
+    }
+
+    pub(crate) async fn save_record(&self, record: &ClaimRecord) -> Result<(), ClaimError> {
+        let mut cp = self.checkpoint.lock().await;
+        cp.claims.insert(record.uid.clone(), record.clone());
+        self.store.save(&cp)?;
+        Ok(())
+    }
+
+    /// Last line of defence behind the scheduler's accounting: a whole GPU or a MIG
+    /// placement is never prepared for two claims.
+    async fn check_not_in_use(
+        &self,
+        c: &ClaimRef,
+        devices: &[DeviceRecord],
+    ) -> Result<(), ClaimError> {
+        let cp = self.checkpoint.lock().await;
+        for d in devices {
+            let shared = matches!(
+                d.kind,
+                DeviceKind::Mps { .. } | DeviceKind::TimeSlice { .. }
+            );
+            if shared {
+                continue;
+            }
+            for (uid, other) in &cp.claims {
+                if *uid != c.uid && other.devices.iter().any(|o| o.device == d.device) {
+                    return Err(ClaimError::InUse {
+                        device: d.device.clone(),
+                        other: format!("{}/{}", other.namespace, other.name),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes one device on the hardware.
+    async fn make(&self, d: &mut DeviceRecord) -> Result<(), ClaimError> {
+        let gpu = d.gpu;
+        match &mut d.kind {
+            DeviceKind::Mig {
+                profile_id,
+                start,
+                created,
+                ..
+            } => {
+                let (profile_id, start) = (*profile_id, *start);
+                let started = std::time::Instant::now();
+                let inst = self
+                    .hw(move |b| {
+                        ensure_mig_mode(b, gpu, true)?;
+                        b.create_mig_device(gpu, profile_id, start)
+                    })
+                    .await?;
+                self.metrics
+                    .observe_hardware("create_mig_device", started.elapsed());
+                let ci = inst.compute_instances.first().cloned().ok_or_else(|| {
+                    ClaimError::Internal(format!(
+                        "GPU {gpu}: new MIG instance has no compute instance"
+                    ))
+                })?;
+                *created = Some(MigIdentity {
+                    gpu_instance_id: inst.gpu_instance_id,
+                    compute_instance_id: ci.id,
+                    uuid: ci.uuid,
+                });
+            }
+            DeviceKind::Gpu { .. } => {
+                // A whole GPU on a MIG-capable GPU must have MIG off; the counters
+                // guarantee no partition is allocated, so only an idle GPU gets here.
+                if self.hw.layouts.contains_key(&gpu) {
+                    self.hw(move |b| ensure_mig_mode(b, gpu, false)).await?;
+                }
+            }
+            DeviceKind::Mps { .. } => {
+                let pipe_dir = self.mps_root.join(format!("gpu-{gpu}")).join("pipe");
+                let log_dir = self.mps_root.join(format!("gpu-{gpu}")).join("log");
+                let started = std::time::Instant::now();
+                self.hw(move |b| {
+                    if matches!(b.mps_state(gpu)?, MpsState::Running { .. }) {
+                        return Ok(());
+                    }
+                    for dir in [&pipe_dir, &log_dir] {
+                        std::fs::create_dir_all(dir).map_err(|e| {
+                            BackendError::new(
+                                gpu,
+                                Operation::StartMps,
+                                ErrorKind::Driver(format!("creating {}: {e}", dir.display())),
+                            )
+                        })?;
+                    }
+                    // MPS needs EXCLUSIVE_PROCESS so that only the MPS server owns a context.
+                    b.set_compute_mode(gpu, ComputeMode::ExclusiveProcess)?;
+                    b.start_mps(
+                        gpu,
+                        &MpsDaemonConfig {
+                            pipe_dir,
+                            log_dir,
+                            ..MpsDaemonConfig::default()
+                        },
+                    )
+                    .map(|_| ())
+                })
+                .await?;
+                self.metrics
+                    .observe_hardware("start_mps", started.elapsed());
+            }
+            DeviceKind::TimeSlice { .. } => {}
+        }
+        Ok(())
+    }
+
+    /// The container edits of one device.
+    fn cdi_device(&self, uid: &str, d: &DeviceRecord) -> CdiDevice {
+        let mut edits = ContainerEdits::default();
+        match &d.kind {
+            DeviceKind::Gpu { uuid } | DeviceKind::TimeSlice { uuid } => {
+                edits.env.push(format!("NVIDIA_VISIBLE_DEVICES={uuid}"));
+            }
+            DeviceKind::Mig {
+                profile,
+                start,
+                size,
+                created,
+                ..
+            } => {
+                if let Some(m) = created {
+                    edits.env.push(format!("NVIDIA_VISIBLE_DEVICES={}", m.uuid));
+                }
+                edits.env.push(format!("TESSERA_MIG_PROFILE={profile}"));
+                edits
+                    .env
+                    .push(format!("TESSERA_MIG_PLACEMENT={start}:{size}"));
+            }
+            DeviceKind::Mps {
+                uuid,
+                active_thread_percentage,
+                pinned_memory_limit_mib,
+            } => {
+                edits.env.push(format!("NVIDIA_VISIBLE_DEVICES={uuid}"));
+                // Inside the container the one visible GPU is device 0.
+                let request = MpsRequest {
+                    compute_percent: Some(*active_thread_percentage),
+                    memory_bytes: Some(pinned_memory_limit_mib.saturating_mul(1 << 20)),
+                };
+                let gpu_mib = self.hw.gpu(d.gpu).map_or(u64::MAX, |g| g.memory_mib);
+                if let Ok(s) = mps::client_settings(gpu_mib, "0", request) {
+                    edits
+                        .env
+                        .extend(s.env.into_iter().map(|(k, v)| format!("{k}={v}")));
+                }
+                edits.env.push(format!(
+                    "{}={MPS_PIPE_IN_CONTAINER}",
+                    mps::ENV_PIPE_DIRECTORY
+                ));
+                edits.mounts.push(Mount {
+                    host_path: self
+                        .mps_root
+                        .join(format!("gpu-{}", d.gpu))
+                        .join("pipe")
+                        .display()
+                        .to_string(),
+                    container_path: MPS_PIPE_IN_CONTAINER.into(),
+                    options: vec!["rbind".into(), "rw".into()],
+                });
+            }
+        }
+        CdiDevice {
+            name: cdi::device_name(uid, &d.device),
+            container_edits: edits,
+        }
+    }
+
+    /// Records what was made in `ResourceClaim.status.devices` (KEP-4817).
+    async fn write_claim_status(&self, c: &ClaimRef, rec: &ClaimRecord) -> Result<(), kube::Error> {
+        let devices: Vec<serde_json::Value> = rec
+            .devices
+            .iter()
+            .map(|d| {
+                let data = match &d.kind {
+                    DeviceKind::Mig { profile, start, size, created, .. } => json!({
+                        "type": "mig", "profile": profile,
+                        "placement": {"start": start, "size": size},
+                        "uuid": created.as_ref().map(|m| m.uuid.clone()),
+                        "gpuInstanceId": created.as_ref().map(|m| m.gpu_instance_id),
+                        "computeInstanceId": created.as_ref().map(|m| m.compute_instance_id),
+                    }),
+                    DeviceKind::Mps { uuid, active_thread_percentage, pinned_memory_limit_mib } => json!({
+                        "type": "mps", "uuid": uuid,
+                        "activeThreadPercentage": active_thread_percentage,
+                        "pinnedMemoryLimitMiB": pinned_memory_limit_mib,
+                    }),
+                    DeviceKind::Gpu { uuid } => json!({"type": "gpu", "uuid": uuid}),
+                    DeviceKind::TimeSlice { uuid } => json!({"type": "timeslice", "uuid": uuid}),
+                };
+                let mut v = json!({"driver": self.driver_name, "pool": d.pool, "device": d.device, "data": data});
+                if let Some(s) = &d.share_id {
+                    v["shareID"] = json!(s);
+                }
+                v
+            })
+            .collect();
+        let patch = json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": c.name, "namespace": c.namespace},
+            "status": {"devices": devices},
+        });
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &c.namespace);
+        api.patch_status(
+            &c.name,
+            &PatchParams::apply(PLUGIN_FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map(|_| ())
+    }
+}
+
+/// Puts a GPU in the MIG mode a device needs. Reset-less GPUs (Hopper and newer) switch at
+/// once when idle; others report that a reset is pending, which fails the claim with a
+/// message a person can act on.
+fn ensure_mig_mode(
+    b: &dyn tessera_gpu::backend::GpuBackend,
+    gpu: u32,
+    enabled: bool,
+) -> Result<(), BackendError> {
+    let info = b.gpus()?.into_iter().find(|g| g.index == gpu);
+    if info.as_ref().is_some_and(|g| g.mig_enabled == enabled) {
+        return Ok(());
+    }
+    if !enabled && !b.mig_instances(gpu)?.is_empty() {
+        return Err(BackendError::new(
+            gpu,
+            Operation::SetMigMode,
+            ErrorKind::InUse("MIG instances exist; the whole GPU cannot be handed out".into()),
+        ));
+    }
+    let change = b.set_mig_mode(gpu, enabled)?;
+    if change.reset_required || change.current != enabled {
+        return Err(BackendError::new(
+            gpu,
+            Operation::SetMigMode,
+            ErrorKind::NotSupported(format!(
+                "MIG mode {} is pending a GPU reset on this GPU; drain it and reset it (or set repartition.allowGpuReset)",
+                if enabled { "on" } else { "off" }
+            )),
+        ));
+    }
+    Ok(())
+}

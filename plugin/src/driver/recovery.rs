@@ -1,0 +1,111 @@
+//! Start-up reconciliation between the checkpoint and the hardware.
+//!
+//! - A claim left in `PrepareStarted` (the plugin died mid-prepare) is rolled back, so the
+//!   kubelet's retry starts from clean hardware.
+//! - A `PrepareCompleted` claim whose instances are gone (node reboot, manual cleanup) is
+//!   forgotten, so the next prepare makes them again instead of returning stale devices.
+//! - A `PrepareCompleted` claim whose ResourceClaim no longer exists (or was replaced) is
+//!   unprepared: nothing will ever ask for its partition again.
+//! - MIG instances the checkpoint does not know are reported and never destroyed.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::Api;
+use tracing::{info, warn};
+
+use super::{ClaimError, Driver};
+use crate::checkpoint::{ClaimPhase, DeviceKind};
+
+/// What start-up recovery did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RecoveryReport {
+    /// Half-prepared claims rolled back.
+    pub rolled_back: Vec<String>,
+    /// Completed claims whose hardware was gone, forgotten.
+    pub forgotten: Vec<String>,
+    /// Completed claims whose ResourceClaim is gone, unprepared.
+    pub released: Vec<String>,
+    /// MIG instances found that Tessera did not make: `gpu/start/profile`.
+    pub foreign_instances: Vec<String>,
+}
+
+impl Driver {
+    /// Reconciles the checkpoint with the hardware. Run before serving the kubelet.
+    pub async fn recover(&self) -> Result<RecoveryReport, ClaimError> {
+        let mut report = RecoveryReport::default();
+        let records: Vec<_> = self
+            .checkpoint
+            .lock()
+            .await
+            .claims
+            .values()
+            .cloned()
+            .collect();
+        let live = self.live_instances().await?;
+        for rec in records {
+            let gpus: BTreeSet<u32> = rec.devices.iter().map(|d| d.gpu).collect();
+            let _guards = self.lock_gpus(&gpus).await;
+            match rec.phase {
+                ClaimPhase::PrepareStarted => {
+                    self.rollback(&rec).await?;
+                    report.rolled_back.push(rec.uid.clone());
+                }
+                ClaimPhase::PrepareCompleted => {
+                    let intact = rec.devices.iter().all(|d| match &d.kind {
+                        DeviceKind::Mig {
+                            created: Some(m),
+                            start,
+                            ..
+                        } => live.get(&d.gpu).is_some_and(|v| {
+                            v.iter()
+                                .any(|i| i.start == *start && i.uuid() == Some(m.uuid.as_str()))
+                        }),
+                        DeviceKind::Mig { created: None, .. } => false,
+                        _ => true,
+                    });
+                    if !intact {
+                        warn!(claim = %rec.uid, "prepared claim's MIG instances are gone; forgetting it so it is prepared again");
+                        self.rollback(&rec).await?;
+                        report.forgotten.push(rec.uid.clone());
+                        continue;
+                    }
+                    let api: Api<ResourceClaim> =
+                        Api::namespaced(self.client.clone(), &rec.namespace);
+                    match api.get_opt(&rec.name).await {
+                        Ok(Some(c)) if c.metadata.uid.as_deref() == Some(rec.uid.as_str()) => {}
+                        Ok(_) => {
+                            info!(claim = %rec.uid, "claim no longer exists; releasing its devices");
+                            self.rollback(&rec).await?;
+                            report.released.push(rec.uid.clone());
+                        }
+                        // Cannot tell (API down): keep it; the kubelet will unprepare it.
+                        Err(e) => {
+                            warn!(claim = %rec.uid, error = %e, "cannot check whether the claim still exists")
+                        }
+                    }
+                }
+            }
+        }
+        // Whatever is left on the GPUs and not in the checkpoint is someone else's.
+        let cp = self.checkpoint.lock().await;
+        for (gpu, instances) in self.live_instances().await? {
+            for i in instances {
+                let ours = cp.claims.values().flat_map(|r| &r.devices).any(|d| {
+                    d.gpu == gpu && matches!(&d.kind, DeviceKind::Mig { start, profile_id, .. } if *start == i.start && *profile_id == i.profile_id)
+                });
+                if !ours {
+                    report
+                        .foreign_instances
+                        .push(format!("{gpu}/{}/{}", i.start, i.profile_name));
+                }
+            }
+        }
+        if !report.foreign_instances.is_empty() {
+            warn!(instances = ?report.foreign_instances, "MIG instances not made by Tessera are present; they are reported, never destroyed, and their slices are not offered");
+        }
+        drop(cp);
+        self.notify_changed();
+        Ok(report)
+    }
+}

@@ -1,0 +1,94 @@
+//! `NodeUnprepareResources` for one claim, and the rollback of a half-prepared one.
+
+use std::collections::BTreeSet;
+
+use tessera_gpu::backend::{ComputeMode, MpsState};
+use tracing::{info, warn};
+
+use super::{ClaimError, Driver};
+use crate::{
+    checkpoint::{ClaimRecord, DeviceKind},
+    kubelet::ClaimRef,
+};
+
+impl Driver {
+    /// Unprepares one claim; a claim we never prepared (or already unprepared) is fine.
+    pub(crate) async fn unprepare_claim(&self, c: &ClaimRef) -> Result<(), ClaimError> {
+        let Some(rec) = self.checkpoint.lock().await.claims.get(&c.uid).cloned() else {
+            return Ok(());
+        };
+        let gpus: BTreeSet<u32> = rec.devices.iter().map(|d| d.gpu).collect();
+        let _guards = self.lock_gpus(&gpus).await;
+        self.rollback(&rec).await?;
+        info!(claim = %c, "unprepared");
+        Ok(())
+    }
+
+    /// Undoes everything a record says was made, then forgets the claim. Each step is
+    /// idempotent, so an interrupted rollback can simply run again. The caller holds the
+    /// GPU locks.
+    pub(crate) async fn rollback(&self, rec: &ClaimRecord) -> Result<(), ClaimError> {
+        for d in rec.devices.iter().rev() {
+            match &d.kind {
+                DeviceKind::Mig {
+                    profile_id,
+                    start,
+                    created,
+                    ..
+                } => {
+                    let (gpu, profile_id, start) = (d.gpu, *profile_id, *start);
+                    let identity = created.clone();
+                    let started = std::time::Instant::now();
+                    self.hw(move |b| {
+                        // GI ids are reused after destroy: identify the instance by its
+                        // placement, and by UUID when we recorded one, so we never destroy
+                        // an instance that is not the one we made.
+                        let found = b.mig_instances(gpu)?.into_iter().find(|i| {
+                            i.start == start
+                                && i.profile_id == profile_id
+                                && identity
+                                    .as_ref()
+                                    .is_none_or(|m| i.uuid().is_none_or(|u| u == m.uuid))
+                        });
+                        match found {
+                            Some(i) => b.destroy_mig_device(gpu, i.gpu_instance_id),
+                            None => Ok(()),
+                        }
+                    })
+                    .await?;
+                    self.metrics
+                        .observe_hardware("destroy_mig_device", started.elapsed());
+                }
+                DeviceKind::Mps { .. } => {
+                    let gpu = d.gpu;
+                    let others = self.checkpoint.lock().await.claims.values().any(|o| {
+                        o.uid != rec.uid
+                            && o.devices.iter().any(|od| {
+                                od.gpu == gpu && matches!(od.kind, DeviceKind::Mps { .. })
+                            })
+                    });
+                    if !others {
+                        // Last client gone: stop the daemon and give the GPU back its
+                        // default compute mode.
+                        self.hw(move |b| {
+                            if matches!(b.mps_state(gpu)?, MpsState::Running { .. }) {
+                                b.stop_mps(gpu)?;
+                            }
+                            b.set_compute_mode(gpu, ComputeMode::Default)
+                        })
+                        .await?;
+                    }
+                }
+                DeviceKind::Gpu { .. } | DeviceKind::TimeSlice { .. } => {}
+            }
+        }
+        if let Err(e) = self.cdi.remove(&rec.uid) {
+            warn!(claim = %rec.uid, error = %e, "could not remove the CDI spec");
+            return Err(e.into());
+        }
+        let mut cp = self.checkpoint.lock().await;
+        cp.claims.remove(&rec.uid);
+        self.store.save(&cp)?;
+        Ok(())
+    }
+}

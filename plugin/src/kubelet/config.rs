@@ -1,0 +1,84 @@
+//! Where the kubelet-facing sockets live and what the registration announces.
+
+use std::{path::PathBuf, time::Duration};
+
+use super::sockets;
+
+/// The kubelet's plugin watcher directory (`KubeletRegistryDir` in the Go library).
+pub const DEFAULT_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
+/// Parent of each driver's plugin directory (`KubeletPluginsDir`).
+pub const DEFAULT_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
+/// How often we look for our registration socket. A kubelet restart that wipes the
+/// registry directory is noticed within this time; a stat per second costs nothing.
+pub const DEFAULT_REREGISTER_POLL: Duration = Duration::from_secs(1);
+
+/// Configuration of [`super::start`] / [`super::serve`].
+#[derive(Clone, Debug)]
+pub struct KubeletServerConfig {
+    /// DRA driver name, e.g. `gpu.tessera.dev`; names both sockets.
+    pub driver_name: String,
+    /// Directory the kubelet watches for registration sockets.
+    pub registry_dir: PathBuf,
+    /// Directory holding `<driver>/dra.sock`. Must be the same path on the host and in
+    /// the container: the kubelet dials the announced path.
+    pub plugins_dir: PathBuf,
+    /// Serve and advertise the health stream (v1alpha1 and v1).
+    pub serve_health: bool,
+    /// Poll interval of the registration-socket watch (see [`DEFAULT_REREGISTER_POLL`]).
+    pub reregister_poll: Duration,
+}
+
+impl KubeletServerConfig {
+    /// Kubelet default directories, health served.
+    pub fn new(driver_name: impl Into<String>) -> Self {
+        Self {
+            driver_name: driver_name.into(),
+            registry_dir: PathBuf::from(DEFAULT_REGISTRY_DIR),
+            plugins_dir: PathBuf::from(DEFAULT_PLUGINS_DIR),
+            serve_health: true,
+            reregister_poll: DEFAULT_REREGISTER_POLL,
+        }
+    }
+
+    /// `<registry_dir>/<driver>-reg.sock`.
+    pub fn registration_socket(&self) -> PathBuf {
+        sockets::registration_socket_path(&self.registry_dir, &self.driver_name)
+    }
+
+    /// `<plugins_dir>/<driver>/dra.sock`, the endpoint announced in `GetInfo`.
+    pub fn dra_socket(&self) -> PathBuf {
+        sockets::dra_socket_path(&self.plugins_dir, &self.driver_name)
+    }
+
+    /// `<plugins_dir>/<driver>`, the plugin's data directory (checkpoint, locks).
+    pub fn plugin_data_dir(&self) -> PathBuf {
+        self.plugins_dir.join(&self.driver_name)
+    }
+}
+
+/// Command-line flags for the kubelet directories, to `#[command(flatten)]` into the
+/// plugin's arguments.
+#[derive(Clone, Debug, clap::Args)]
+pub struct KubeletArgs {
+    /// Directory the kubelet watches for plugin registration sockets.
+    #[arg(long, env = "TESSERA_KUBELET_REGISTRY_DIR", default_value = DEFAULT_REGISTRY_DIR)]
+    pub kubelet_registry_dir: PathBuf,
+    /// Directory holding the plugin's `<driver>/dra.sock` and data.
+    #[arg(long, env = "TESSERA_KUBELET_PLUGINS_DIR", default_value = DEFAULT_PLUGINS_DIR)]
+    pub kubelet_plugins_dir: PathBuf,
+}
+
+impl KubeletArgs {
+    /// The server configuration for `driver_name` with these directories.
+    pub fn into_config(self, driver_name: impl Into<String>) -> KubeletServerConfig {
+        let Self {
+            kubelet_registry_dir,
+            kubelet_plugins_dir,
+        } = self;
+        KubeletServerConfig {
+            registry_dir: kubelet_registry_dir,
+            plugins_dir: kubelet_plugins_dir,
+            ..KubeletServerConfig::new(driver_name)
+        }
+    }
+}

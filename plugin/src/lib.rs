@@ -1,0 +1,22 @@
+//! Tessera's kubelet plugin for the `gpu.tessera.dev` DRA driver.
+//!
+//! - [`kubelet`]: the kubelet-facing gRPC layer (registration, DRA node service v1 and
+//!   v1beta1, device health stream) on Unix sockets.
+//! - [`slices`]: what the node advertises — counters and every allowed MIG placement in an
+//!   anti-fragmentation order, MPS shares with capacity, whole GPUs — and publishing it.
+//! - [`driver`]: prepare/unprepare on the hardware, made idempotent and crash-safe by the
+//!   two-phase [`checkpoint`], with per-claim [`cdi`] specs.
+//! - [`status`]: `GpuNode.status`; [`metrics`]: Prometheus metrics; [`node`]: the loop that
+//!   keeps slices and status in step with the hardware and the operator's spec.
+
+pub mod cdi;
+pub mod checkpoint;
+pub mod config;
+pub mod driver;
+pub mod http;
+pub mod kubelet;
+pub mod metrics;
+pub mod node;
+pub mod quantity;
+pub mod slices;
+pub mod status;

@@ -1,0 +1,152 @@
+//! `tessera-plugin`: wiring only; the logic lives in the library.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use k8s_openapi::api::core::v1::Node;
+use kube::{Api, Client, Config, config::KubeConfigOptions};
+use tessera_gpu::backend::{GpuBackend, nvml::NvmlBackend, sim::SimBackend};
+use tessera_plugin::{
+    cdi::CdiWriter,
+    checkpoint::CheckpointStore,
+    config::{Args, BackendKind, LogFormat},
+    driver::{Driver, DriverConfig, DriverHandle, NodeGpus},
+    http,
+    kubelet::{self, KubeletServerConfig},
+    metrics::Metrics,
+    node::NodeLoop,
+};
+use tokio::sync::watch;
+use tracing::info;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    init_tracing(args.log_format);
+    info!(version = env!("CARGO_PKG_VERSION"), node = %args.node_name, backend = ?args.backend, "starting tessera-plugin");
+
+    let client = client(&args).await?;
+    let backend: Arc<dyn GpuBackend> = match args.backend {
+        BackendKind::Sim => {
+            let inventory = args.sim_inventory.as_deref().context("--sim-inventory is required with --backend sim")?;
+            let state = args.sim_state.clone().unwrap_or_else(|| args.state_dir.join("sim-hardware.json"));
+            Arc::new(SimBackend::open(inventory, Some(&state)).context("starting the simulated GPU backend")?)
+        }
+        BackendKind::Nvml => Arc::new(NvmlBackend::new().context(
+            "loading NVML (libnvidia-ml.so.1): is the NVIDIA driver installed and mounted into this container?",
+        )?),
+    };
+    let hw = {
+        let b = backend.clone();
+        tokio::task::spawn_blocking(move || NodeGpus::read(b.as_ref())).await??
+    };
+    info!(
+        gpus = hw.gpus.len(),
+        mig_capable = hw.layouts.len(),
+        "found GPUs"
+    );
+
+    let node: Node = Api::all(client.clone())
+        .get(&args.node_name)
+        .await
+        .with_context(|| format!("reading Node {} (is --node-name right?)", args.node_name))?;
+    let node_uid = node.metadata.uid.unwrap_or_default();
+
+    let metrics = Arc::new(Metrics::new());
+    let driver = Driver::new(DriverConfig {
+        client: client.clone(),
+        node: args.node_name.clone(),
+        driver_name: args.driver_name.clone(),
+        backend: backend.clone(),
+        hw,
+        store: CheckpointStore::new(args.state_dir.join("checkpoint.json")),
+        cdi: CdiWriter::new(&args.cdi_dir),
+        mps_root: args.state_dir.join("mps"),
+        metrics: metrics.clone(),
+    })?;
+    let report = driver
+        .recover()
+        .await
+        .context("reconciling the checkpoint with the hardware")?;
+    info!(?report, "start-up recovery done");
+
+    let (ready_tx, ready_rx) = watch::channel(Err("starting".to_string()));
+    let addr = http::serve(args.metrics_address, metrics.clone(), ready_rx)
+        .await
+        .with_context(|| format!("binding the metrics address {}", args.metrics_address))?;
+    info!(%addr, "serving /metrics, /healthz, /readyz");
+
+    let (health_tx, health_rx) = watch::channel(Vec::new());
+    let mut kcfg = KubeletServerConfig::new(args.driver_name.clone());
+    kcfg.registry_dir = args.registry_dir.clone();
+    kcfg.plugins_dir = args.plugins_dir.clone();
+    let server = kubelet::start(kcfg, Arc::new(DriverHandle(driver.clone())), health_rx).await?;
+    info!(dra = %server.dra_socket().display(), registration = %server.registration_socket().display(), "kubelet sockets listening");
+
+    let node_loop = NodeLoop::new(
+        client.clone(),
+        driver.clone(),
+        &node_uid,
+        args.default_strategy,
+        health_tx,
+        ready_tx,
+    );
+    let registration = server.registration_state();
+    let health_events = backend.health_events();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let wait_stop = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let loop_task = tokio::spawn(node_loop.run(
+        client,
+        registration,
+        health_events,
+        wait_stop(stop_rx.clone()),
+    ));
+    let serve_task = tokio::spawn(server.serve_until(wait_stop(stop_rx)));
+
+    shutdown_signal().await;
+    info!("shutting down: removing the kubelet sockets");
+    let _ = stop_tx.send(true);
+    serve_task.await??;
+    loop_task.await?;
+    Ok(())
+}
+
+async fn client(args: &Args) -> anyhow::Result<Client> {
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?
+        }
+        None => Config::incluster().context("no --kubeconfig and not running in a pod")?,
+    };
+    Ok(Client::try_from(config)?)
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tessera_plugin=debug"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}

@@ -1,0 +1,340 @@
+//! The node loop: keeps the ResourceSlices, the health stream and `GpuNode.status` in step
+//! with the hardware, the prepared claims and the operator's `GpuNode.spec`.
+//!
+//! It wakes on any of: a prepare/unprepare finished, the `GpuNode` changed, a health event,
+//! or a periodic resync (which also notices slices deleted behind our back, e.g. wiped by
+//! a restarting kubelet). Each pass rebuilds the desired state from scratch, so missing a
+//! wake-up only delays, never loses, an update.
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use k8s_openapi::{
+    api::resource::v1::{DeviceTaint, ResourceSlice},
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client,
+    api::ListParams,
+    runtime::{WatchStreamExt, watcher},
+};
+use tessera_api::GpuNode;
+use tessera_gpu::backend::{HealthEvent, HealthEventKind};
+use tokio::sync::{broadcast, watch};
+use tracing::{info, warn};
+
+use crate::{
+    config::DefaultStrategy,
+    driver::Driver,
+    kubelet::{DeviceHealthEntry, DeviceHealthStatus, RegistrationState},
+    slices::{self, DesiredPool, GpuView, publish::Publisher},
+    status::{self, GpuHealthState, StatusInput, StatusWriter},
+};
+
+/// How often the loop re-checks everything even without a trigger.
+pub const RESYNC: Duration = Duration::from_secs(60);
+/// Taint key on devices of a GPU that reported a fault.
+pub const UNHEALTHY_TAINT: &str = "gpu.tessera.dev/unhealthy";
+
+/// One pass failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Reading hardware failed.
+    #[error(transparent)]
+    Driver(#[from] crate::driver::ClaimError),
+    /// Publishing failed.
+    #[error(transparent)]
+    Publish(#[from] slices::publish::Error),
+    /// Reading or writing the GpuNode failed.
+    #[error("GpuNode: {0}")]
+    GpuNode(#[source] kube::Error),
+}
+
+/// The loop's state.
+pub struct NodeLoop {
+    driver: Arc<Driver>,
+    publisher: Publisher,
+    status: StatusWriter,
+    slices_api: Api<ResourceSlice>,
+    default_strategy: DefaultStrategy,
+    health: BTreeMap<u32, GpuHealthState>,
+    health_tx: watch::Sender<Vec<DeviceHealthEntry>>,
+    ready_tx: watch::Sender<Result<(), String>>,
+    last_generation: i64,
+    slice_count: usize,
+}
+
+impl NodeLoop {
+    /// A loop for the driver's node.
+    pub fn new(
+        client: Client,
+        driver: Arc<Driver>,
+        node_uid: &str,
+        default_strategy: DefaultStrategy,
+        health_tx: watch::Sender<Vec<DeviceHealthEntry>>,
+        ready_tx: watch::Sender<Result<(), String>>,
+    ) -> Self {
+        Self {
+            publisher: Publisher::new(client.clone(), &driver.node, node_uid, &driver.driver_name),
+            status: StatusWriter::new(client.clone(), &driver.node, node_uid),
+            slices_api: Api::all(client),
+            driver,
+            default_strategy,
+            health: BTreeMap::new(),
+            health_tx,
+            ready_tx,
+            last_generation: 0,
+            slice_count: 0,
+        }
+    }
+
+    /// One pass: resolve offers, publish slices, update health and status.
+    pub async fn sync_once(&mut self) -> Result<DesiredPool, Error> {
+        let gpunode = self.status.get_or_create().await.map_err(Error::GpuNode)?;
+        let hw = &self.driver.hw;
+        let (offers, warnings) = slices::resolve_offers(
+            &hw.gpus,
+            |g| hw.layouts.get(&g.index),
+            Some(&gpunode.spec),
+            self.default_strategy,
+        );
+        for w in &warnings {
+            warn!(node = %self.driver.node, "{w}");
+        }
+        let live = self.driver.live_instances().await?;
+        let occupancy = self.driver.occupancy(&live);
+        let empty = tessera_gpu::Occupancy::default();
+        let views: Vec<GpuView<'_>> = hw
+            .gpus
+            .iter()
+            .zip(&offers)
+            .map(|(info, offer)| GpuView {
+                info,
+                layout: hw.layouts.get(&info.index),
+                offer,
+                occupancy: occupancy.get(&info.index).unwrap_or(&empty),
+            })
+            .collect();
+        let mut pool = slices::build_pool(&views, None);
+        self.apply_taints(&mut pool);
+        let outcome = self.publisher.publish(&pool).await;
+        self.driver.metrics.observe_publish(outcome.is_ok());
+        let outcome = outcome?;
+        self.last_generation = outcome.generation;
+        self.slice_count = pool.slice_count();
+        self.publish_health(&pool);
+        self.count_devices(&pool).await;
+
+        let mut problems = warnings;
+        if !outcome.dropped_fields.is_empty() {
+            problems.push(format!(
+                "the API server dropped {} from the ResourceSlices: enable the DRA feature gates (DRAPartitionableDevices, DRAConsumableCapacity, DRADeviceTaints) on kube-apiserver and kube-scheduler",
+                outcome.dropped_fields.join(", ")
+            ));
+        }
+        let checkpoint = self.driver.checkpoint_snapshot().await;
+        let previous = gpunode
+            .status
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default();
+        let st = status::compute(
+            &StatusInput {
+                hw,
+                live: &live,
+                checkpoint: &checkpoint,
+                offers: &offers,
+                health: &self.health,
+                observed_generation: gpunode.metadata.generation,
+                problems: &problems,
+            },
+            &previous,
+        );
+        self.status.write(st).await.map_err(Error::GpuNode)?;
+        Ok(pool)
+    }
+
+    fn apply_taints(&self, pool: &mut DesiredPool) {
+        for (gpu, devices) in &mut pool.device_slices {
+            let Some(h) = self.health.get(gpu).filter(|h| !h.healthy) else {
+                continue;
+            };
+            for d in devices {
+                d.taints = Some(vec![DeviceTaint {
+                    key: UNHEALTHY_TAINT.into(),
+                    value: h.message.as_deref().map(taint_value),
+                    effect: "NoSchedule".into(),
+                    time_added: None,
+                }]);
+            }
+        }
+    }
+
+    fn publish_health(&self, pool: &DesiredPool) {
+        let now = Timestamp::now().as_second();
+        let entries = pool
+            .device_slices
+            .iter()
+            .flat_map(|(gpu, devices)| {
+                let h = self.health.get(gpu).cloned().unwrap_or(GpuHealthState {
+                    healthy: true,
+                    message: None,
+                });
+                devices.iter().map(move |d| DeviceHealthEntry {
+                    pool_name: self.driver.node.clone(),
+                    device_name: d.name.clone(),
+                    health: if h.healthy {
+                        DeviceHealthStatus::Healthy
+                    } else {
+                        DeviceHealthStatus::Unhealthy
+                    },
+                    message: h.message.clone().unwrap_or_default(),
+                    last_updated: now,
+                    health_check_timeout_seconds: 0,
+                })
+            })
+            .collect();
+        let _ = self.health_tx.send(entries);
+    }
+
+    async fn count_devices(&self, pool: &DesiredPool) {
+        let mut published: BTreeMap<String, i64> = BTreeMap::new();
+        for (_, devices) in &pool.device_slices {
+            for d in devices {
+                let t = d
+                    .attributes
+                    .as_ref()
+                    .and_then(|a| a.get("type"))
+                    .and_then(|a| a.string.clone())
+                    .unwrap_or_default();
+                *published.entry(t).or_default() += 1;
+            }
+        }
+        self.driver.metrics.set_published(&published);
+        let mut prepared: BTreeMap<String, i64> = BTreeMap::new();
+        for r in self.driver.checkpoint_snapshot().await.claims.values() {
+            for d in &r.devices {
+                let t = match d.kind {
+                    crate::checkpoint::DeviceKind::Gpu { .. } => "gpu",
+                    crate::checkpoint::DeviceKind::Mig { .. } => "mig",
+                    crate::checkpoint::DeviceKind::Mps { .. } => "mps",
+                    crate::checkpoint::DeviceKind::TimeSlice { .. } => "timeslice",
+                };
+                *prepared.entry(t.to_string()).or_default() += 1;
+            }
+        }
+        self.driver.metrics.set_prepared(&prepared);
+    }
+
+    /// Whether the published slices are still all there (a kubelet restart wipes them).
+    async fn slices_intact(&self) -> bool {
+        let lp = ListParams::default().fields(&format!(
+            "spec.nodeName={},spec.driver={}",
+            self.driver.node, self.driver.driver_name
+        ));
+        match self.slices_api.list(&lp).await {
+            Ok(list) => {
+                list.items.len() == self.slice_count
+                    && list
+                        .items
+                        .iter()
+                        .all(|s| s.spec.pool.generation == self.last_generation)
+            }
+            Err(_) => true,
+        }
+    }
+
+    fn on_health_event(&mut self, ev: HealthEvent) -> bool {
+        let (healthy, message) = match ev.kind {
+            HealthEventKind::Xid { code, fatal: true } => (false, format!("xid-{code}")),
+            HealthEventKind::Xid { code, fatal: false } => {
+                info!(gpu = ev.gpu, code, "non-fatal XID; the GPU stays healthy");
+                return false;
+            }
+            HealthEventKind::GpuLost => (false, "gpu-lost".to_string()),
+        };
+        warn!(gpu = ev.gpu, %message, "GPU reported a fault; tainting its devices");
+        self.health.insert(
+            ev.gpu,
+            GpuHealthState {
+                healthy,
+                message: Some(message),
+            },
+        );
+        true
+    }
+
+    /// Runs until `shutdown` resolves.
+    pub async fn run(
+        mut self,
+        client: Client,
+        mut registration: watch::Receiver<RegistrationState>,
+        mut health_events: broadcast::Receiver<HealthEvent>,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        let mut changed = self.driver.subscribe();
+        let gpunodes: Api<GpuNode> = Api::all(client);
+        let cfg = watcher::Config::default().fields(&format!("metadata.name={}", self.driver.node));
+        let mut spec_events = watcher(gpunodes, cfg)
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        let mut tick = tokio::time::interval(RESYNC);
+        let mut backoff = Duration::from_millis(500);
+        tokio::pin!(shutdown);
+        loop {
+            let result = self.sync_once().await;
+            match &result {
+                Ok(_) => backoff = Duration::from_millis(500),
+                Err(e) => {
+                    warn!(error = %e, "node sync failed; retrying");
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                }
+            }
+            let reg = registration.borrow().clone();
+            let ready = match (&result, reg.is_registered()) {
+                (Ok(_), true) => Ok(()),
+                (Err(e), _) => Err(format!("publishing failed: {e}")),
+                (Ok(_), false) => Err(reg.to_string()),
+            };
+            let _ = self.ready_tx.send(ready);
+            let retry = tokio::time::sleep(if result.is_err() {
+                backoff
+            } else {
+                RESYNC * 10
+            });
+            tokio::select! {
+                () = &mut shutdown => return,
+                _ = changed.changed() => {}
+                _ = registration.changed() => {}
+                Some(_) = spec_events.next() => {}
+                ev = health_events.recv() => {
+                    if let Ok(ev) = ev {
+                        self.on_health_event(ev);
+                    }
+                }
+                _ = tick.tick() => {
+                    if !self.slices_intact().await {
+                        info!("published slices changed behind our back; republishing");
+                        self.publisher.invalidate();
+                    }
+                }
+                () = retry => {}
+            }
+        }
+    }
+}
+
+/// Taint values are label values: ≤ 63 characters of `[A-Za-z0-9_.-]`.
+fn taint_value(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(63)
+        .collect()
+}

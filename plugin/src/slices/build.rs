@@ -1,0 +1,430 @@
+//! The desired ResourceSlices of a node, built without a client.
+//!
+//! Layout (Kubernetes 1.35+ "split" form, dra.md §6.3): one slice holding the counter sets
+//! of every MIG GPU (≤ 8 sets per slice), then one device slice per GPU (26 devices of an
+//! H100 with dynamic MIG exceed the 64-device limit for two GPUs). The scheduler takes the
+//! first device that fits, reading slices in name order and devices in slice order, so:
+//! - device slices are named by *position*, and the GPU at position 0 is the most used one
+//!   (pack partial GPUs first, keep empty GPUs whole);
+//! - within a GPU, placements come in the hardware model's publishing order (the placement
+//!   that keeps the largest free run intact first).
+//!
+//! When the order changes the contents move between slices under a new pool generation, so
+//! the scheduler never mixes old and new slices.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::{
+    api::resource::v1::{
+        CapacityRequestPolicy, CapacityRequestPolicyRange, Counter, CounterSet, Device,
+        DeviceAttribute, DeviceCapacity, DeviceCounterConsumption,
+    },
+    apimachinery::pkg::api::resource::Quantity,
+};
+use tessera_api::constants::device_type;
+use tessera_gpu::{
+    Occupancy, Placement,
+    backend::GpuInfo,
+    catalog::MigLayout,
+    counters::{CounterConsumption, CounterScheme},
+    naming, order,
+};
+
+use super::offer::GpuOffer;
+use crate::quantity;
+
+/// Capacity names (QualifiedNames in the driver's domain).
+pub mod capacity {
+    /// Memory of the device (bytes as a quantity).
+    pub const MEMORY: &str = "memory";
+    /// MIG compute slices of the device.
+    pub const COMPUTE_SLICES: &str = "computeSlices";
+    /// Share of an MPS GPU's threads, in percent.
+    pub const COMPUTE_PERCENT: &str = "computePercent";
+    /// Clients of a time-sliced GPU.
+    pub const CLIENTS: &str = "clients";
+}
+
+/// Smallest MPS memory share and its granularity: requests round up to whole 256 MiB.
+const MPS_MEMORY_STEP_MIB: u64 = 256;
+/// A slice may hold at most 8 counter sets.
+const COUNTER_SETS_PER_SLICE: usize = 8;
+
+/// One GPU as the slice builder sees it.
+#[derive(Clone, Debug)]
+pub struct GpuView<'a> {
+    /// Identity and capabilities.
+    pub info: &'a GpuInfo,
+    /// MIG geometry (None: not MIG capable).
+    pub layout: Option<&'a MigLayout>,
+    /// What the GPU offers.
+    pub offer: &'a GpuOffer,
+    /// Live MIG instances (drives the publishing order).
+    pub occupancy: &'a Occupancy,
+}
+
+/// The desired contents of the pool, before names and generations are assigned.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DesiredPool {
+    /// Counter slices (each ≤ 8 counter sets).
+    pub counter_slices: Vec<Vec<CounterSet>>,
+    /// Device slices in allocation priority order, with the GPU each holds.
+    pub device_slices: Vec<(u32, Vec<Device>)>,
+}
+
+impl DesiredPool {
+    /// Number of slices the pool has (at least one: an empty pool is still a pool).
+    pub fn slice_count(&self) -> usize {
+        (self.counter_slices.len() + self.device_slices.len()).max(1)
+    }
+
+    /// Every device name, for lookups in prepare.
+    pub fn device_names(&self) -> impl Iterator<Item = &str> {
+        self.device_slices
+            .iter()
+            .flat_map(|(_, d)| d.iter().map(|d| d.name.as_str()))
+    }
+}
+
+/// Builds the pool for `gpus` (any order; they are sorted most-used first).
+pub fn build_pool(gpus: &[GpuView<'_>], driver_version: Option<&str>) -> DesiredPool {
+    let occ: Vec<(u32, &Occupancy)> = gpus.iter().map(|g| (g.info.index, g.occupancy)).collect();
+    let order = order::gpu_order(&occ);
+    let mut counter_sets = Vec::new();
+    let mut device_slices = Vec::new();
+    for index in order {
+        let Some(gpu) = gpus.iter().find(|g| g.info.index == index) else {
+            continue;
+        };
+        let (set, devices) = gpu_devices(gpu, driver_version);
+        counter_sets.extend(set);
+        device_slices.push((index, devices));
+    }
+    DesiredPool {
+        counter_slices: counter_sets
+            .chunks(COUNTER_SETS_PER_SLICE)
+            .map(<[_]>::to_vec)
+            .collect(),
+        device_slices,
+    }
+}
+
+fn gpu_devices(
+    gpu: &GpuView<'_>,
+    driver_version: Option<&str>,
+) -> (Option<CounterSet>, Vec<Device>) {
+    let info = gpu.info;
+    let base = base_attributes(info, driver_version);
+    match (gpu.offer, gpu.layout) {
+        (
+            GpuOffer::DynamicMig {
+                allowed_profile_ids,
+            },
+            Some(layout),
+        ) => {
+            let scheme = CounterScheme::new(layout);
+            let mut devices: Vec<Device> = order::publishing_order(layout, gpu.occupancy)
+                .into_iter()
+                .filter(|p| {
+                    allowed_profile_ids.is_empty() || allowed_profile_ids.contains(&p.profile_id)
+                })
+                .filter_map(|p| mig_device(info, layout, &scheme, p, &base))
+                .collect();
+            let mut whole = whole_gpu(info, &base);
+            whole.consumes_counters =
+                Some(vec![consumption(scheme.full_gpu_consumption(info.index))]);
+            devices.push(whole);
+            (Some(counter_set(&scheme, info.index)), devices)
+        }
+        (GpuOffer::StaticMig { placements }, Some(layout)) => {
+            let scheme = CounterScheme::new(layout);
+            let devices = placements
+                .iter()
+                .filter_map(|(id, start)| {
+                    mig_device(
+                        info,
+                        layout,
+                        &scheme,
+                        Placement {
+                            profile_id: *id,
+                            start: *start,
+                        },
+                        &base,
+                    )
+                })
+                .collect();
+            (Some(counter_set(&scheme, info.index)), devices)
+        }
+        (
+            GpuOffer::Mps {
+                max_clients: _,
+                default_thread_percentage,
+                default_memory_mib,
+            },
+            _,
+        ) => (
+            None,
+            vec![mps_device(
+                info,
+                &base,
+                *default_thread_percentage,
+                *default_memory_mib,
+            )],
+        ),
+        (GpuOffer::TimeSlicing { max_clients }, _) => {
+            (None, vec![timeslice_device(info, &base, *max_clients)])
+        }
+        _ => (None, vec![whole_gpu(info, &base)]),
+    }
+}
+
+fn counter_set(scheme: &CounterScheme, index: u32) -> CounterSet {
+    let set = scheme.counter_set(index);
+    CounterSet {
+        name: set.name,
+        counters: counters(&set.counters),
+    }
+}
+
+fn counters(c: &BTreeMap<String, u64>) -> BTreeMap<String, Counter> {
+    c.iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                Counter {
+                    value: Quantity(v.to_string()),
+                },
+            )
+        })
+        .collect()
+}
+
+fn consumption(c: CounterConsumption) -> DeviceCounterConsumption {
+    DeviceCounterConsumption {
+        counter_set: c.counter_set,
+        counters: counters(&c.counters),
+    }
+}
+
+fn string(v: impl Into<String>) -> DeviceAttribute {
+    DeviceAttribute {
+        string: Some(v.into()),
+        ..DeviceAttribute::default()
+    }
+}
+
+fn int(v: i64) -> DeviceAttribute {
+    DeviceAttribute {
+        int: Some(v),
+        ..DeviceAttribute::default()
+    }
+}
+
+fn cap(q: String) -> DeviceCapacity {
+    DeviceCapacity {
+        value: Quantity(q),
+        request_policy: None,
+    }
+}
+
+/// Attributes every device of a GPU carries.
+fn base_attributes(
+    info: &GpuInfo,
+    driver_version: Option<&str>,
+) -> BTreeMap<String, DeviceAttribute> {
+    let mut a = BTreeMap::new();
+    a.insert("uuid".into(), string(&info.uuid));
+    a.insert("productName".into(), string(truncate(&info.product_name)));
+    a.insert("architecture".into(), string(info.architecture.as_str()));
+    a.insert("index".into(), int(i64::from(info.index)));
+    a.insert(
+        "cudaComputeCapability".into(),
+        DeviceAttribute {
+            version: Some(semver(&info.compute_capability)),
+            ..DeviceAttribute::default()
+        },
+    );
+    if let Some(v) = driver_version.or(info.driver_version.as_deref()) {
+        a.insert(
+            "driverVersion".into(),
+            DeviceAttribute {
+                version: Some(semver(v)),
+                ..DeviceAttribute::default()
+            },
+        );
+    }
+    if !info.pci_bus_id.is_empty() {
+        a.insert(
+            "resource.kubernetes.io/pciBusID".into(),
+            string(pci_bus_id(&info.pci_bus_id)),
+        );
+    }
+    a
+}
+
+/// Attribute strings are limited to 64 characters.
+fn truncate(s: &str) -> String {
+    s.chars().take(64).collect()
+}
+
+/// `9.0` → `9.0.0`, `580.159.04` → `580.159.4`: version attributes must be semantic versions.
+fn semver(v: &str) -> String {
+    let mut parts: Vec<String> = v
+        .split('.')
+        .map(|p| p.trim_start_matches('0'))
+        .map(|p| {
+            if p.is_empty() {
+                "0".to_string()
+            } else {
+                p.to_string()
+            }
+        })
+        .take(3)
+        .collect();
+    while parts.len() < 3 {
+        parts.push("0".into());
+    }
+    parts.join(".")
+}
+
+/// NVML reports `00000000:00:06.0`; the standard attribute wants the PCI form
+/// `0000:00:06.0` (domain of four hex digits).
+fn pci_bus_id(id: &str) -> String {
+    match id.split_once(':') {
+        Some((domain, rest)) if domain.len() > 4 => {
+            format!("{}:{rest}", &domain[domain.len() - 4..]).to_lowercase()
+        }
+        _ => id.to_lowercase(),
+    }
+}
+
+fn mig_device(
+    info: &GpuInfo,
+    layout: &MigLayout,
+    scheme: &CounterScheme,
+    p: Placement,
+    base: &BTreeMap<String, DeviceAttribute>,
+) -> Option<Device> {
+    let profile = layout.profile(p.profile_id)?;
+    let name = naming::mig_device_name(info.index, &profile.name, p.start).ok()?;
+    let consumes = scheme.placement_consumption(info.index, layout, p).ok()?;
+    let mut attributes = base.clone();
+    attributes.insert("type".into(), string(device_type::MIG));
+    attributes.insert("profile".into(), string(&profile.name));
+    attributes.insert("placementStart".into(), int(i64::from(p.start)));
+    attributes.insert(
+        "placementSize".into(),
+        int(i64::from(profile.memory_slices)),
+    );
+    let mut capacity = BTreeMap::new();
+    capacity.insert(
+        capacity::MEMORY.into(),
+        cap(quantity::mib(profile.memory_mib)),
+    );
+    capacity.insert(
+        capacity::COMPUTE_SLICES.into(),
+        cap(profile.compute_slices.to_string()),
+    );
+    Some(Device {
+        name,
+        attributes: Some(attributes),
+        capacity: Some(capacity),
+        consumes_counters: Some(vec![consumption(consumes)]),
+        ..Device::default()
+    })
+}
+
+fn whole_gpu(info: &GpuInfo, base: &BTreeMap<String, DeviceAttribute>) -> Device {
+    let mut attributes = base.clone();
+    attributes.insert("type".into(), string(device_type::GPU));
+    let mut capacity = BTreeMap::new();
+    capacity.insert(capacity::MEMORY.into(), cap(quantity::mib(info.memory_mib)));
+    Device {
+        name: naming::gpu_device_name(info.index),
+        attributes: Some(attributes),
+        capacity: Some(capacity),
+        ..Device::default()
+    }
+}
+
+fn mps_device(
+    info: &GpuInfo,
+    base: &BTreeMap<String, DeviceAttribute>,
+    default_pct: u32,
+    default_mib: u64,
+) -> Device {
+    let mut attributes = base.clone();
+    attributes.insert("type".into(), string(device_type::MPS));
+    let mut capacity = BTreeMap::new();
+    // The scheduler rounds a request up to the policy and records what it granted in
+    // `consumedCapacity`; the plugin enforces exactly that amount.
+    capacity.insert(
+        capacity::COMPUTE_PERCENT.into(),
+        DeviceCapacity {
+            value: Quantity("100".into()),
+            request_policy: Some(CapacityRequestPolicy {
+                default: Some(Quantity(default_pct.to_string())),
+                valid_range: Some(CapacityRequestPolicyRange {
+                    min: Quantity("1".into()),
+                    max: Some(Quantity("100".into())),
+                    step: Some(Quantity("1".into())),
+                }),
+                valid_values: None,
+            }),
+        },
+    );
+    let total = info.memory_mib - info.memory_mib % MPS_MEMORY_STEP_MIB;
+    let default_mib = default_mib.div_ceil(MPS_MEMORY_STEP_MIB) * MPS_MEMORY_STEP_MIB;
+    capacity.insert(
+        capacity::MEMORY.into(),
+        DeviceCapacity {
+            value: Quantity(quantity::mib(total)),
+            request_policy: Some(CapacityRequestPolicy {
+                default: Some(Quantity(quantity::mib(
+                    default_mib.clamp(MPS_MEMORY_STEP_MIB, total.max(MPS_MEMORY_STEP_MIB)),
+                ))),
+                valid_range: Some(CapacityRequestPolicyRange {
+                    min: Quantity(quantity::mib(MPS_MEMORY_STEP_MIB)),
+                    max: Some(Quantity(quantity::mib(total))),
+                    step: Some(Quantity(quantity::mib(MPS_MEMORY_STEP_MIB))),
+                }),
+                valid_values: None,
+            }),
+        },
+    );
+    Device {
+        name: naming::mps_device_name(info.index),
+        attributes: Some(attributes),
+        capacity: Some(capacity),
+        allow_multiple_allocations: Some(true),
+        ..Device::default()
+    }
+}
+
+fn timeslice_device(
+    info: &GpuInfo,
+    base: &BTreeMap<String, DeviceAttribute>,
+    max_clients: u32,
+) -> Device {
+    let mut attributes = base.clone();
+    attributes.insert("type".into(), string(device_type::TIMESLICE));
+    let mut capacity = BTreeMap::new();
+    capacity.insert(
+        capacity::CLIENTS.into(),
+        DeviceCapacity {
+            value: Quantity(max_clients.to_string()),
+            request_policy: Some(CapacityRequestPolicy {
+                default: Some(Quantity("1".into())),
+                valid_range: None,
+                valid_values: Some(vec![Quantity("1".into())]),
+            }),
+        },
+    );
+    Device {
+        name: naming::gpu_device_name(info.index),
+        attributes: Some(attributes),
+        capacity: Some(capacity),
+        allow_multiple_allocations: Some(true),
+        ..Device::default()
+    }
+}

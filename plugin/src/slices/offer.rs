@@ -1,0 +1,165 @@
+//! What each GPU offers: the operator's `GpuNode.spec` when it has one for the GPU, else the
+//! plugin's documented default (`--default-strategy`).
+
+use tessera_api::{
+    gpunode::{GpuConfig, GpuNodeSpec},
+    policy::{MigMode, SharingStrategy},
+};
+use tessera_gpu::{backend::GpuInfo, catalog::MigLayout};
+
+use crate::config::DefaultStrategy;
+
+/// How one GPU is offered in the ResourceSlices.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GpuOffer {
+    /// Every allowed MIG placement (empty list: every profile), plus the whole GPU, all
+    /// consuming the GPU's counters so the scheduler never allocates overlapping ones.
+    DynamicMig {
+        /// Allowed NVML profile ids; empty means all.
+        allowed_profile_ids: Vec<u32>,
+    },
+    /// Only the listed placements (a static layout), plus nothing else.
+    StaticMig {
+        /// (profile id, start) pairs.
+        placements: Vec<(u32, u8)>,
+    },
+    /// One MPS device shared by up to `max_clients` claims with compute and memory capacity.
+    Mps {
+        /// Most clients.
+        max_clients: u32,
+        /// Thread percentage for a claim that requests none.
+        default_thread_percentage: u32,
+        /// Pinned memory (MiB) for a claim that requests none.
+        default_memory_mib: u64,
+    },
+    /// One time-sliced device shared by up to `max_clients` claims.
+    TimeSlicing {
+        /// Most clients.
+        max_clients: u32,
+    },
+    /// The whole GPU to one claim.
+    Exclusive,
+}
+
+/// Resolves the offer of every GPU. `layout` gives a GPU's MIG geometry (None: not MIG
+/// capable). Configuration that cannot apply to a GPU (MIG on an L4) falls back to
+/// `Exclusive` and is reported in the returned warnings.
+pub fn resolve_offers<'a>(
+    gpus: &'a [GpuInfo],
+    layout: impl Fn(&GpuInfo) -> Option<&'a MigLayout>,
+    spec: Option<&GpuNodeSpec>,
+    default: DefaultStrategy,
+) -> (Vec<GpuOffer>, Vec<String>) {
+    let mut warnings = Vec::new();
+    let offers = gpus
+        .iter()
+        .map(|gpu| {
+            let l = layout(gpu);
+            let cfg = spec.and_then(|s| {
+                s.gpus.iter().find(|c| {
+                    c.index == gpu.index && c.uuid.as_ref().is_none_or(|u| *u == gpu.uuid)
+                })
+            });
+            match cfg {
+                Some(cfg) => from_config(gpu, l, cfg, &mut warnings),
+                None => match (default, l) {
+                    (DefaultStrategy::DynamicMig, Some(_)) => GpuOffer::DynamicMig {
+                        allowed_profile_ids: vec![],
+                    },
+                    _ => GpuOffer::Exclusive,
+                },
+            }
+        })
+        .collect();
+    (offers, warnings)
+}
+
+fn from_config(
+    gpu: &GpuInfo,
+    layout: Option<&MigLayout>,
+    cfg: &GpuConfig,
+    warnings: &mut Vec<String>,
+) -> GpuOffer {
+    match cfg.strategy {
+        SharingStrategy::Mig => {
+            let Some(layout) = layout else {
+                warnings.push(format!(
+                    "GPU {} ({}) does not support MIG; offering it whole",
+                    gpu.index, gpu.product_name
+                ));
+                return GpuOffer::Exclusive;
+            };
+            let mig = cfg.mig.clone().unwrap_or_default();
+            let mut ids = Vec::new();
+            for name in &mig.allowed_profiles {
+                match layout.profile_by_name(name.as_str()) {
+                    Some(p) => ids.push(p.profile_id),
+                    None => warnings.push(format!(
+                        "GPU {} ({}) has no MIG profile {name}; known: {}",
+                        gpu.index,
+                        gpu.product_name,
+                        layout
+                            .profiles
+                            .iter()
+                            .map(|p| p.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )),
+                }
+            }
+            if mig.mode == MigMode::Static {
+                let placements = mig
+                    .instances
+                    .iter()
+                    .filter_map(|i| {
+                        let p = layout.profile_by_name(i.profile.as_str())?;
+                        let start = u8::try_from(i.start).ok()?;
+                        p.starts.contains(start).then_some((p.profile_id, start))
+                    })
+                    .collect();
+                return GpuOffer::StaticMig { placements };
+            }
+            if !mig.allowed_profiles.is_empty() && ids.is_empty() {
+                // Every listed profile was unknown: offering all would ignore the admin's
+                // restriction, offering none would strand the GPU. Offer it whole.
+                return GpuOffer::Exclusive;
+            }
+            GpuOffer::DynamicMig {
+                allowed_profile_ids: ids,
+            }
+        }
+        SharingStrategy::Mps => {
+            let mps = cfg.mps.clone().unwrap_or_default();
+            let max_clients = mps
+                .max_clients
+                .and_then(|v| u32::try_from(v).ok())
+                .unwrap_or(8)
+                .max(1);
+            let default_thread_percentage = mps
+                .default_active_thread_percentage
+                .and_then(|v| u32::try_from(v).ok())
+                .unwrap_or(100 / max_clients)
+                .clamp(1, 100);
+            let default_memory_mib = mps
+                .default_pinned_memory_limit
+                .as_deref()
+                .and_then(crate::quantity::parse_mib)
+                .unwrap_or(gpu.memory_mib / u64::from(max_clients));
+            GpuOffer::Mps {
+                max_clients,
+                default_thread_percentage,
+                default_memory_mib,
+            }
+        }
+        SharingStrategy::TimeSlicing => GpuOffer::TimeSlicing {
+            max_clients: cfg
+                .time_slicing
+                .as_ref()
+                .and_then(|t| t.max_clients)
+                .and_then(|v| u32::try_from(v).ok())
+                .unwrap_or(4)
+                .max(1),
+        },
+        SharingStrategy::Exclusive | SharingStrategy::Adaptive => GpuOffer::Exclusive,
+    }
+}

@@ -1,0 +1,242 @@
+//! Reconciling the node's pool with the API server, as the Go `resourceslice` controller
+//! does (dra.md §6.8): every slice owned by the Node, a new pool generation whenever the
+//! contents change (so the scheduler never mixes old and new slices), obsolete slices
+//! deleted, and fields the API server dropped detected instead of republished forever.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::{
+    api::resource::v1::{ResourcePool, ResourceSlice, ResourceSliceSpec},
+    apimachinery::pkg::apis::meta::v1::OwnerReference,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams},
+};
+use tessera_api::constants::{MANAGED_BY_LABEL, PLUGIN_FIELD_MANAGER};
+use tracing::{info, warn};
+
+use super::build::DesiredPool;
+
+/// Publishing failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An API call failed.
+    #[error("{action} ResourceSlice {name}")]
+    Kube {
+        /// What was being done.
+        action: &'static str,
+        /// Slice name.
+        name: String,
+        /// Cause.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// What a publish did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Outcome {
+    /// Pool generation now published (unchanged when nothing changed).
+    pub generation: i64,
+    /// Whether anything was written.
+    pub changed: bool,
+    /// Fields the API server did not store, e.g. `consumesCounters` when
+    /// DRAPartitionableDevices is off. Non-empty means the cluster cannot use what we offer.
+    pub dropped_fields: Vec<String>,
+}
+
+/// Publishes one node's pool.
+pub struct Publisher {
+    api: Api<ResourceSlice>,
+    node_name: String,
+    node_uid: String,
+    driver: String,
+    last: Option<(DesiredPool, i64)>,
+}
+
+impl Publisher {
+    /// A publisher for `node_name` (whose UID makes the owner reference).
+    pub fn new(client: Client, node_name: &str, node_uid: &str, driver: &str) -> Self {
+        Self {
+            api: Api::all(client),
+            node_name: node_name.to_string(),
+            node_uid: node_uid.to_string(),
+            driver: driver.to_string(),
+            last: None,
+        }
+    }
+
+    /// Name of the `i`-th device slice. Position, not GPU, is in the name: the allocator
+    /// reads slices in name order, and position 0 holds the GPU to fill first.
+    pub fn device_slice_name(&self, i: usize) -> String {
+        format!("{}-{}-{i:02}", self.node_name, self.driver)
+    }
+
+    fn counter_slice_name(&self, i: usize) -> String {
+        format!("{}-{}-counters-{i}", self.node_name, self.driver)
+    }
+
+    /// Makes the API server hold exactly `desired`. Cheap when nothing changed.
+    pub async fn publish(&mut self, desired: &DesiredPool) -> Result<Outcome, Error> {
+        if let Some((last, generation)) = &self.last
+            && last == desired
+        {
+            return Ok(Outcome {
+                generation: *generation,
+                changed: false,
+                dropped_fields: vec![],
+            });
+        }
+        let existing = self
+            .api
+            .list(&ListParams::default().fields(&format!(
+                "spec.nodeName={},spec.driver={}",
+                self.node_name, self.driver
+            )))
+            .await
+            .map_err(|source| Error::Kube {
+                action: "listing",
+                name: "*".into(),
+                source,
+            })?;
+        let generation = existing
+            .items
+            .iter()
+            .map(|s| s.spec.pool.generation)
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let slices = self.render(desired, generation);
+        let pp = PatchParams::apply(PLUGIN_FIELD_MANAGER).force();
+        let mut dropped = Vec::new();
+        for slice in &slices {
+            let name = slice.name_any();
+            let stored = self
+                .api
+                .patch(&name, &pp, &Patch::Apply(slice))
+                .await
+                .map_err(|source| Error::Kube {
+                    action: "applying",
+                    name: name.clone(),
+                    source,
+                })?;
+            dropped.extend(dropped_fields(slice, &stored));
+        }
+        let keep: BTreeSet<String> = slices.iter().map(ResourceExt::name_any).collect();
+        for old in existing.items {
+            let name = old.name_any();
+            if !keep.contains(&name) {
+                match self.api.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(source) => {
+                        return Err(Error::Kube {
+                            action: "deleting",
+                            name,
+                            source,
+                        });
+                    }
+                }
+            }
+        }
+        dropped.sort();
+        dropped.dedup();
+        if dropped.is_empty() {
+            info!(node = %self.node_name, generation, slices = slices.len(), "published ResourceSlices");
+        } else {
+            warn!(node = %self.node_name, generation, fields = ?dropped, "the API server dropped ResourceSlice fields; is a DRA feature gate off?");
+        }
+        // Remember what we sent even when fields were dropped: re-sending the same thing
+        // would be dropped again, forever.
+        self.last = Some((desired.clone(), generation));
+        Ok(Outcome {
+            generation,
+            changed: true,
+            dropped_fields: dropped,
+        })
+    }
+
+    /// Forgets what was published, so the next `publish` writes again (after the kubelet
+    /// wiped our slices, or on a periodic resync).
+    pub fn invalidate(&mut self) {
+        self.last = None;
+    }
+
+    fn render(&self, desired: &DesiredPool, generation: i64) -> Vec<ResourceSlice> {
+        let count = i64::try_from(desired.slice_count()).unwrap_or(i64::MAX);
+        let mut out = Vec::new();
+        let spec = |devices, counters| ResourceSliceSpec {
+            driver: self.driver.clone(),
+            node_name: Some(self.node_name.clone()),
+            pool: ResourcePool {
+                name: self.node_name.clone(),
+                generation,
+                resource_slice_count: count,
+            },
+            devices,
+            shared_counters: counters,
+            ..ResourceSliceSpec::default()
+        };
+        for (i, sets) in desired.counter_slices.iter().enumerate() {
+            out.push(self.slice(self.counter_slice_name(i), spec(None, Some(sets.clone()))));
+        }
+        for (i, (_, devices)) in desired.device_slices.iter().enumerate() {
+            out.push(self.slice(self.device_slice_name(i), spec(Some(devices.clone()), None)));
+        }
+        if out.is_empty() {
+            // "No pool" and "an empty pool" differ: publish one empty slice.
+            out.push(self.slice(self.device_slice_name(0), spec(Some(vec![]), None)));
+        }
+        out
+    }
+
+    fn slice(&self, name: String, spec: ResourceSliceSpec) -> ResourceSlice {
+        ResourceSlice {
+            metadata: ObjectMeta {
+                name: Some(name),
+                labels: Some([(MANAGED_BY_LABEL.to_string(), "tessera-plugin".to_string())].into()),
+                owner_references: Some(vec![OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "Node".into(),
+                    name: self.node_name.clone(),
+                    uid: self.node_uid.clone(),
+                    controller: Some(true),
+                    block_owner_deletion: None,
+                }]),
+                ..ObjectMeta::default()
+            },
+            spec,
+        }
+    }
+}
+
+/// Fields present in what we sent but absent in what was stored.
+fn dropped_fields(sent: &ResourceSlice, stored: &ResourceSlice) -> Vec<String> {
+    let mut out = Vec::new();
+    if sent.spec.shared_counters.is_some() && stored.spec.shared_counters.is_none() {
+        out.push("sharedCounters".to_string());
+    }
+    let sent_devices = sent.spec.devices.as_deref().unwrap_or_default();
+    let stored_devices = stored.spec.devices.as_deref().unwrap_or_default();
+    for (a, b) in sent_devices.iter().zip(stored_devices) {
+        if a.consumes_counters.is_some() && b.consumes_counters.is_none() {
+            out.push("devices[].consumesCounters".into());
+        }
+        if a.allow_multiple_allocations.is_some() && b.allow_multiple_allocations.is_none() {
+            out.push("devices[].allowMultipleAllocations".into());
+        }
+        if a.taints.is_some() && b.taints.is_none() {
+            out.push("devices[].taints".into());
+        }
+        let policies = |d: &k8s_openapi::api::resource::v1::Device| {
+            d.capacity
+                .as_ref()
+                .is_some_and(|c| c.values().any(|v| v.request_policy.is_some()))
+        };
+        if policies(a) && !policies(b) {
+            out.push("devices[].capacity[].requestPolicy".into());
+        }
+    }
+    out
+}

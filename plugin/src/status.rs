@@ -1,0 +1,327 @@
+//! `GpuNode.status`: what the plugin observes on its node's hardware.
+//!
+//! Written with server-side apply under the field manager `tessera-plugin`, so it never
+//! touches the operator's `spec`. The plugin creates the `GpuNode` (owned by the Node) when
+//! the operator has not yet, so a node's status is visible from its first second. Writes
+//! are skipped when nothing changed, and `lastTransitionTime` only moves when a condition
+//! flips, so status writes never cause churn.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time},
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client,
+    api::{ObjectMeta, Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+use tessera_api::{
+    GpuNode, GpuNodeSpec, GpuNodeStatus,
+    conditions::{reasons, types},
+    constants::PLUGIN_FIELD_MANAGER,
+    gpunode::{
+        ClaimRef, GpuHealth, GpuState, InstanceOrigin, MigInstanceState, MpsClientState, MpsState,
+    },
+    policy::SharingStrategy,
+};
+use tessera_gpu::backend::MigInstance;
+
+use crate::{
+    checkpoint::{Checkpoint, DeviceKind},
+    driver::NodeGpus,
+    slices::GpuOffer,
+};
+
+/// Health of one GPU as the plugin tracks it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GpuHealthState {
+    /// False after a fatal fault.
+    pub healthy: bool,
+    /// Why, when unhealthy.
+    pub message: Option<String>,
+}
+
+/// Everything the status is computed from.
+pub struct StatusInput<'a> {
+    /// The GPUs.
+    pub hw: &'a NodeGpus,
+    /// Live MIG instances per GPU.
+    pub live: &'a BTreeMap<u32, Vec<MigInstance>>,
+    /// Prepared claims.
+    pub checkpoint: &'a Checkpoint,
+    /// What each GPU offers (same order as `hw.gpus`).
+    pub offers: &'a [GpuOffer],
+    /// Health per GPU (absent: healthy).
+    pub health: &'a BTreeMap<u32, GpuHealthState>,
+    /// `GpuNode.metadata.generation` the offers were resolved from.
+    pub observed_generation: Option<i64>,
+    /// Problems applying the spec or publishing (dropped fields, unusable config).
+    pub problems: &'a [String],
+}
+
+/// Computes the status (pure).
+pub fn compute(input: &StatusInput<'_>, previous: &[Condition]) -> GpuNodeStatus {
+    let mut gpus = Vec::new();
+    let mut mix: BTreeMap<&'static str, u32> = BTreeMap::new();
+    let mut mig_total = 0u32;
+    for (info, offer) in input.hw.gpus.iter().zip(input.offers) {
+        let strategy = strategy_of(offer);
+        *mix.entry(strategy.as_str()).or_default() += 1;
+        let claims_on =
+            |pred: &dyn Fn(&DeviceKind) -> bool| claims_on(input.checkpoint, info.index, pred);
+        let instances: Vec<MigInstanceState> = input
+            .live
+            .get(&info.index)
+            .map(|v| {
+                v.iter()
+                    .map(|i| {
+                        let owner = claims_on(&|k| matches!(k, DeviceKind::Mig { start, profile_id, .. } if *start == i.start && *profile_id == i.profile_id))
+                            .first()
+                            .map(|(r, _)| ClaimRef { namespace: r.namespace.clone(), name: r.name.clone(), uid: r.uid.clone() });
+                        MigInstanceState {
+                            profile: i.profile_name.clone(),
+                            placement_start: u32::from(i.start),
+                            placement_size: u32::from(i.size),
+                            uuid: i.uuid().unwrap_or_default().to_string(),
+                            gpu_instance_id: i.gpu_instance_id,
+                            compute_instance_id: i.compute_instances.first().map_or(0, |c| c.id),
+                            origin: if owner.is_some() { InstanceOrigin::Tessera } else { InstanceOrigin::External },
+                            claim: owner,
+                        }
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        mig_total += u32::try_from(instances.len()).unwrap_or(u32::MAX);
+        let mps_clients: Vec<MpsClientState> = claims_on(&|k| matches!(k, DeviceKind::Mps { .. }))
+            .into_iter()
+            .filter_map(|(r, d)| match &d.kind {
+                DeviceKind::Mps {
+                    active_thread_percentage,
+                    pinned_memory_limit_mib,
+                    ..
+                } => Some(MpsClientState {
+                    claim: ClaimRef {
+                        namespace: r.namespace.clone(),
+                        name: r.name.clone(),
+                        uid: r.uid.clone(),
+                    },
+                    active_thread_percentage: *active_thread_percentage,
+                    pinned_memory_limit_mi_b: *pinned_memory_limit_mib,
+                }),
+                _ => None,
+            })
+            .collect();
+        let health = input.health.get(&info.index);
+        gpus.push(GpuState {
+            index: info.index,
+            uuid: info.uuid.clone(),
+            product_name: info.product_name.clone(),
+            memory_mi_b: info.memory_mib,
+            architecture: Some(info.architecture.as_str().to_string()),
+            pci_bus_id: (!info.pci_bus_id.is_empty()).then(|| info.pci_bus_id.clone()),
+            mig_capable: info.mig_capable,
+            mig_enabled: !instances.is_empty() || info.mig_enabled,
+            mig_pending_reset: info.mig_pending != info.mig_enabled,
+            strategy: Some(strategy),
+            mps: matches!(offer, GpuOffer::Mps { .. }).then(|| MpsState {
+                daemon_running: !mps_clients.is_empty(),
+                clients: mps_clients,
+            }),
+            instances,
+            health: match health {
+                Some(h) if !h.healthy => GpuHealth::Unhealthy,
+                _ => GpuHealth::Healthy,
+            },
+            health_message: health.and_then(|h| h.message.clone()),
+        });
+    }
+    let unhealthy = gpus
+        .iter()
+        .filter(|g| g.health == GpuHealth::Unhealthy)
+        .count();
+    let ready = if !input.problems.is_empty() {
+        condition(
+            types::READY,
+            false,
+            reasons::FIELDS_DROPPED,
+            &input.problems.join("; "),
+            input.observed_generation,
+            previous,
+        )
+    } else if unhealthy > 0 {
+        condition(
+            types::READY,
+            false,
+            reasons::GPU_UNHEALTHY,
+            &format!("{unhealthy} GPU(s) reported a fault; their devices are tainted"),
+            input.observed_generation,
+            previous,
+        )
+    } else {
+        condition(
+            types::READY,
+            true,
+            reasons::AS_EXPECTED,
+            &format!("{} GPU(s) advertised", gpus.len()),
+            input.observed_generation,
+            previous,
+        )
+    };
+    let applied = condition(
+        types::APPLIED,
+        true,
+        reasons::AS_EXPECTED,
+        "the published devices follow the spec",
+        input.observed_generation,
+        previous,
+    );
+    GpuNodeStatus {
+        observed_generation: input.observed_generation,
+        conditions: vec![ready, applied],
+        gpu_count: u32::try_from(gpus.len()).unwrap_or(u32::MAX),
+        gpus,
+        strategy_mix: Some(
+            mix.iter()
+                .map(|(k, v)| format!("{k}:{v}"))
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+        mig_instances: mig_total,
+    }
+}
+
+/// The (claim, device) pairs on one GPU whose kind matches.
+fn claims_on<'c>(
+    cp: &'c Checkpoint,
+    gpu: u32,
+    pred: &dyn Fn(&DeviceKind) -> bool,
+) -> Vec<(
+    &'c crate::checkpoint::ClaimRecord,
+    &'c crate::checkpoint::DeviceRecord,
+)> {
+    cp.claims
+        .values()
+        .flat_map(|r| r.devices.iter().map(move |d| (r, d)))
+        .filter(|(_, d)| d.gpu == gpu && pred(&d.kind))
+        .collect()
+}
+
+fn strategy_of(offer: &GpuOffer) -> SharingStrategy {
+    match offer {
+        GpuOffer::DynamicMig { .. } | GpuOffer::StaticMig { .. } => SharingStrategy::Mig,
+        GpuOffer::Mps { .. } => SharingStrategy::Mps,
+        GpuOffer::TimeSlicing { .. } => SharingStrategy::TimeSlicing,
+        GpuOffer::Exclusive => SharingStrategy::Exclusive,
+    }
+}
+
+/// A condition that keeps its `lastTransitionTime` unless its status flips.
+fn condition(
+    t: &str,
+    ok: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    previous: &[Condition],
+) -> Condition {
+    let status = if ok { "True" } else { "False" };
+    let last = previous
+        .iter()
+        .find(|c| c.type_ == t && c.status == status)
+        .map_or_else(
+            || Time(Timestamp::now()),
+            |c| c.last_transition_time.clone(),
+        );
+    Condition {
+        type_: t.to_string(),
+        status: status.to_string(),
+        reason: reason.to_string(),
+        message: message.to_string(),
+        observed_generation: generation,
+        last_transition_time: last,
+    }
+}
+
+/// Writes the status of the node's `GpuNode`.
+pub struct StatusWriter {
+    api: Api<GpuNode>,
+    node: String,
+    node_uid: String,
+    last: Option<GpuNodeStatus>,
+}
+
+impl StatusWriter {
+    /// A writer for `node`.
+    pub fn new(client: Client, node: &str, node_uid: &str) -> Self {
+        Self {
+            api: Api::all(client),
+            node: node.into(),
+            node_uid: node_uid.into(),
+            last: None,
+        }
+    }
+
+    /// The node's `GpuNode`, created (empty spec, owned by the Node) when missing.
+    pub async fn get_or_create(&self) -> Result<GpuNode, kube::Error> {
+        if let Some(g) = self.api.get_opt(&self.node).await? {
+            return Ok(g);
+        }
+        let g = GpuNode {
+            metadata: ObjectMeta {
+                name: Some(self.node.clone()),
+                owner_references: Some(vec![OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "Node".into(),
+                    name: self.node.clone(),
+                    uid: self.node_uid.clone(),
+                    controller: Some(true),
+                    block_owner_deletion: None,
+                }]),
+                ..ObjectMeta::default()
+            },
+            spec: GpuNodeSpec::default(),
+            status: None,
+        };
+        match self.api.create(&PostParams::default(), &g).await {
+            Ok(g) => Ok(g),
+            // The operator created it in the meantime.
+            Err(kube::Error::Api(s)) if s.code == 409 => self.api.get(&self.node).await,
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes `status` unless it equals the last one written (ignoring condition times).
+    pub async fn write(&mut self, status: GpuNodeStatus) -> Result<bool, kube::Error> {
+        if self.last.as_ref().is_some_and(|l| same(l, &status)) {
+            return Ok(false);
+        }
+        let patch = json!({
+            "apiVersion": "tessera.dev/v1alpha1",
+            "kind": "GpuNode",
+            "status": status,
+        });
+        self.api
+            .patch_status(
+                &self.node,
+                &PatchParams::apply(PLUGIN_FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await?;
+        self.last = Some(status);
+        Ok(true)
+    }
+}
+
+fn same(a: &GpuNodeStatus, b: &GpuNodeStatus) -> bool {
+    let strip = |s: &GpuNodeStatus| {
+        let mut s = s.clone();
+        for c in &mut s.conditions {
+            c.last_transition_time = Time(Timestamp::UNIX_EPOCH);
+        }
+        s
+    };
+    strip(a) == strip(b)
+}
