@@ -124,6 +124,21 @@ pub async fn service_account_client(
     namespace: &str,
     name: &str,
 ) -> Result<Client> {
+    let token = service_account_token(cp, namespace, name, None).await?;
+    let mut config = cp.admin_config().await?;
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(token.into()),
+        ..Default::default()
+    };
+    Client::try_from(config).map_err(kube_err("building a ServiceAccount client"))
+}
+
+async fn service_account_token(
+    cp: &ControlPlane,
+    namespace: &str,
+    name: &str,
+    bound: Option<k8s_openapi::api::authentication::v1::BoundObjectReference>,
+) -> Result<String> {
     let admin = cp.admin_client().await?;
     create_namespace(&admin, namespace).await?;
     let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
@@ -140,7 +155,9 @@ pub async fn service_account_client(
     }
     let req = TokenRequest {
         spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(3600),
+            // Long enough for any test or demo session.
+            expiration_seconds: Some(24 * 3600),
+            bound_object_ref: bound,
             ..TokenRequestSpec::default()
         }),
         ..TokenRequest::default()
@@ -154,12 +171,88 @@ pub async fn service_account_client(
         .status
         .and_then(|s| s.token)
         .unwrap_or_default();
-    let mut config = cp.admin_config().await?;
-    config.auth_info = kube::config::AuthInfo {
-        token: Some(token.into()),
-        ..Default::default()
+    Ok(token)
+}
+
+/// Writes a kubeconfig that authenticates as ServiceAccount `namespace/name` (created if
+/// missing), for a component started as a separate process.
+pub async fn service_account_kubeconfig(
+    cp: &ControlPlane,
+    namespace: &str,
+    name: &str,
+    path: &Path,
+) -> Result<()> {
+    let token = service_account_token(cp, namespace, name, None).await?;
+    write_token_kubeconfig(cp, namespace, name, &token, path)
+}
+
+/// Like [`service_account_kubeconfig`], but the token is bound to a Pod object of the
+/// ServiceAccount on `node` (created here, as the DaemonSet's pod would be), so the API
+/// server knows which node the caller runs on. Node-scoped permissions such as
+/// `associated-node:patch` on `resourceclaims/driver` (writing `status.devices` of claims
+/// allocated on that node) only work with such a token.
+pub async fn node_bound_kubeconfig(
+    cp: &ControlPlane,
+    namespace: &str,
+    name: &str,
+    node: &str,
+    path: &Path,
+) -> Result<()> {
+    let admin = cp.admin_client().await?;
+    create_namespace(&admin, namespace).await?;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(admin, namespace);
+    let pod_name = format!("{name}-{node}");
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod_name, "labels": {"app.kubernetes.io/name": name}},
+        "spec": {"nodeName": node, "serviceAccountName": name,
+                 "containers": [{"name": "plugin", "image": "tessera-plugin:dev"}]}
+    }))
+    .map_err(|e| Error::Manifest {
+        source_name: pod_name.clone(),
+        detail: e.to_string(),
+    })?;
+    let pod = match pods.create(&PostParams::default(), &pod).await {
+        Ok(p) => p,
+        Err(kube::Error::Api(s)) if s.code == 409 => pods
+            .get(&pod_name)
+            .await
+            .map_err(kube_err(format!("reading Pod {namespace}/{pod_name}")))?,
+        Err(e) => return Err(kube_err(format!("creating Pod {namespace}/{pod_name}"))(e)),
     };
-    Client::try_from(config).map_err(kube_err("building a ServiceAccount client"))
+    let bound = k8s_openapi::api::authentication::v1::BoundObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(pod_name.clone()),
+        uid: pod.metadata.uid.clone(),
+    };
+    let token = service_account_token(cp, namespace, name, Some(bound)).await?;
+    write_token_kubeconfig(cp, namespace, name, &token, path)
+}
+
+fn write_token_kubeconfig(
+    cp: &ControlPlane,
+    namespace: &str,
+    name: &str,
+    token: &str,
+    path: &Path,
+) -> Result<()> {
+    let admin = std::fs::read_to_string(cp.kubeconfig_path()).map_err(|e| Error::Manifest {
+        source_name: cp.kubeconfig_path().display().to_string(),
+        detail: e.to_string(),
+    })?;
+    let mut kc: serde_yaml::Value = serde_yaml::from_str(&admin).map_err(|e| Error::Manifest {
+        source_name: "admin kubeconfig".into(),
+        detail: e.to_string(),
+    })?;
+    kc["users"][0]["name"] = format!("{namespace}-{name}").into();
+    kc["users"][0]["user"] = serde_yaml::from_str(&format!("token: {token}")).unwrap_or_default();
+    kc["contexts"][0]["context"]["user"] = format!("{namespace}-{name}").into();
+    let text = serde_yaml::to_string(&kc).unwrap_or_default();
+    std::fs::write(path, text).map_err(|e| Error::Manifest {
+        source_name: path.display().to_string(),
+        detail: e.to_string(),
+    })
 }
 
 /// Waits until `cond` holds for the named object.

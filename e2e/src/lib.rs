@@ -12,6 +12,8 @@ pub mod binaries;
 mod certs;
 pub mod cluster;
 pub mod controlplane;
+pub mod kubelet;
+pub mod plugin;
 mod process;
 pub mod version;
 

@@ -287,14 +287,14 @@ impl NodeLoop {
             match &result {
                 Ok(_) => backoff = Duration::from_millis(500),
                 Err(e) => {
-                    warn!(error = %e, "node sync failed; retrying");
+                    warn!(error = %crate::error_chain(e), "node sync failed; retrying");
                     backoff = (backoff * 2).min(Duration::from_secs(30));
                 }
             }
             let reg = registration.borrow().clone();
             let ready = match (&result, reg.is_registered()) {
                 (Ok(_), true) => Ok(()),
-                (Err(e), _) => Err(format!("publishing failed: {e}")),
+                (Err(e), _) => Err(format!("publishing failed: {}", crate::error_chain(e))),
                 (Ok(_), false) => Err(reg.to_string()),
             };
             let _ = self.ready_tx.send(ready);
@@ -325,9 +325,11 @@ impl NodeLoop {
     }
 }
 
-/// Taint values are label values: ≤ 63 characters of `[A-Za-z0-9_.-]`.
+/// Taint values are label values: ≤ 63 characters of `[A-Za-z0-9_.-]` that start and end
+/// alphanumeric (or empty); anything else makes the API server reject the whole slice.
 fn taint_value(s: &str) -> String {
-    s.chars()
+    let v: String = s
+        .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || "-_.".contains(c) {
                 c
@@ -336,5 +338,70 @@ fn taint_value(s: &str) -> String {
             }
         })
         .take(63)
-        .collect()
+        .collect();
+    v.trim_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Kubernetes label value: empty, or ≤ 63 characters of `[A-Za-z0-9_.-]` that start
+    /// and end alphanumeric (what the API server checks on `DeviceTaint.value`).
+    fn is_label_value(v: &str) -> bool {
+        v.is_empty()
+            || (v.len() <= 63
+                && v.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+                && v.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && v.ends_with(|c: char| c.is_ascii_alphanumeric()))
+    }
+
+    #[test]
+    fn health_messages_we_produce_pass_unchanged() {
+        for m in ["xid-79", "xid-48", "gpu-lost"] {
+            assert_eq!(taint_value(m), m);
+        }
+    }
+
+    #[test]
+    fn taint_values_keep_only_label_value_characters() {
+        assert_eq!(
+            taint_value("Xid 79: fell off the bus"),
+            "Xid-79--fell-off-the-bus"
+        );
+        assert_eq!(taint_value("ECC_dbe.vol"), "ECC_dbe.vol");
+        let v = taint_value("ünïcödé / 中文 \t\n !@#$%^&*() ok");
+        assert!(
+            v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)),
+            "{v}"
+        );
+    }
+
+    #[test]
+    fn taint_values_are_at_most_63_characters() {
+        let v = taint_value(&"a".repeat(200));
+        assert_eq!(v.len(), 63);
+        // Multi-byte input: the limit is on the output, which is ASCII.
+        let v = taint_value(&"é".repeat(100));
+        assert!(v.len() <= 63, "{} bytes", v.len());
+    }
+
+    #[test]
+    fn taint_values_are_valid_label_values() {
+        for m in [
+            "Xid 79: GPU has fallen off the bus.",
+            "-leading and trailing-",
+            "!!!",
+            "",
+            "é",
+            &format!("{}!", "b".repeat(62)),
+            &format!("{}x", "a-".repeat(40)),
+        ] {
+            let v = taint_value(m);
+            assert!(is_label_value(&v), "{m:?} became {v:?}");
+        }
+    }
 }

@@ -53,6 +53,14 @@ impl Driver {
             .and_then(|d| d.results.as_ref())
             .map(|r| r.iter().filter(|r| r.driver == self.driver_name).collect())
             .unwrap_or_default();
+        if results.is_empty() {
+            return Err(ClaimError::Invalid(format!(
+                "ResourceClaim {}/{} has no device of driver {} in its allocation",
+                claim.metadata.namespace.as_deref().unwrap_or_default(),
+                claim.metadata.name.as_deref().unwrap_or_default(),
+                self.driver_name
+            )));
+        }
         results.into_iter().map(|r| self.plan_device(r)).collect()
     }
 

@@ -253,9 +253,9 @@ impl DraDriver for DriverHandle {
                 let result = d.prepare_claim(&c).await;
                 d.metrics.observe_prepare(started.elapsed(), result.is_ok());
                 if let Err(e) = &result {
-                    tracing::warn!(claim = %c, error = %e, "prepare failed");
+                    tracing::warn!(claim = %c, error = %crate::error_chain(e), "prepare failed");
                 }
-                (c.uid, result.map_err(|e| e.to_string()))
+                (c.uid, result.map_err(|e| crate::error_chain(&e)))
             }
         });
         let results: PrepareResults = futures::future::join_all(futures)
@@ -275,9 +275,9 @@ impl DraDriver for DriverHandle {
                 d.metrics
                     .observe_unprepare(started.elapsed(), result.is_ok());
                 if let Err(e) = &result {
-                    tracing::warn!(claim = %c, error = %e, "unprepare failed");
+                    tracing::warn!(claim = %c, error = %crate::error_chain(e), "unprepare failed");
                 }
-                (c.uid, result.map_err(|e| e.to_string()))
+                (c.uid, result.map_err(|e| crate::error_chain(&e)))
             }
         });
         let results: UnprepareResults = futures::future::join_all(futures)

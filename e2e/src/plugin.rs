@@ -1,0 +1,182 @@
+//! A simulated GPU node for end-to-end tests: a Node object, a real `tessera-plugin`
+//! process with the simulated backend and its own kubelet directories, running under the
+//! `tessera-plugin` ServiceAccount (so its RBAC is exercised), and the kubelet stand-in.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::{Context, bail};
+
+use crate::{ControlPlane, cluster, kubelet::KubeletStandIn, repo_root};
+
+/// The `tessera-plugin` binary: `$TESSERA_PLUGIN_BIN`, else next to the test executable's
+/// target directory (`cargo xtask test` builds it first).
+pub fn plugin_binary() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("TESSERA_PLUGIN_BIN") {
+        return Ok(p.into());
+    }
+    let exe = std::env::current_exe()?;
+    // target/<profile>/deps/<test> → target/<profile>/tessera-plugin
+    let candidate = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("tessera-plugin"))
+        .context("cannot locate the target directory")?;
+    if !candidate.is_file() {
+        bail!(
+            "{} is not built: run `cargo build -p tessera-plugin` (cargo xtask test does) or set TESSERA_PLUGIN_BIN",
+            candidate.display()
+        );
+    }
+    Ok(candidate)
+}
+
+/// One simulated node.
+pub struct SimNode {
+    /// Node name.
+    pub name: String,
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    kubeconfig: PathBuf,
+    process: Option<Child>,
+    /// The kubelet stand-in of this node.
+    pub kubelet: KubeletStandIn,
+}
+
+impl SimNode {
+    /// Creates the Node, installs RBAC (idempotent) and starts the plugin and the stand-in.
+    /// `inventory` is the simulated hardware (YAML), e.g. `gpus: [{model: h100-80gb}]`.
+    pub async fn start(cp: &ControlPlane, name: &str, inventory: &str) -> anyhow::Result<Self> {
+        let admin = cp.admin_client().await?;
+        cluster::create_node(&admin, name, &[("tessera.dev/gpu", "true")]).await?;
+        cluster::apply_dir(&admin, &repo_root().join("config/rbac"), false).await?;
+        let dir = tempfile::Builder::new().prefix("tessera-node-").tempdir()?;
+        let root = dir.path().to_path_buf();
+        for sub in ["registry", "plugins", "cdi", "state"] {
+            std::fs::create_dir_all(root.join(sub))?;
+        }
+        std::fs::write(root.join("inventory.yaml"), inventory)?;
+        let kubeconfig = root.join("plugin.kubeconfig");
+        cluster::node_bound_kubeconfig(cp, "tessera-system", "tessera-plugin", name, &kubeconfig)
+            .await?;
+        let kubelet = KubeletStandIn::start(admin, name, &root.join("registry"));
+        let mut node = Self {
+            name: name.to_string(),
+            _dir: dir,
+            root,
+            kubeconfig,
+            process: None,
+            kubelet,
+        };
+        node.spawn()?;
+        node.kubelet
+            .wait_registered(1, Duration::from_secs(60))
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}\nplugin log:\n{}", node.log_tail(40)))?;
+        Ok(node)
+    }
+
+    fn spawn(&mut self) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())?;
+        let child = Command::new(plugin_binary()?)
+            .args(["--node-name", &self.name, "--backend", "sim"])
+            .arg("--sim-inventory")
+            .arg(self.root.join("inventory.yaml"))
+            .arg("--registry-dir")
+            .arg(self.root.join("registry"))
+            .arg("--plugins-dir")
+            .arg(self.root.join("plugins"))
+            .arg("--cdi-dir")
+            .arg(self.cdi_dir())
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .args(["--metrics-address", "127.0.0.1:0"])
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .env("RUST_LOG", "info,tessera_plugin=debug")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting tessera-plugin")?;
+        self.process = Some(child);
+        Ok(())
+    }
+
+    /// Kills the plugin with SIGKILL (no cleanup runs), as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.process.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the plugin again (after [`SimNode::kill`] or a fault-injected abort) and
+    /// waits until the kubelet stand-in registered it once more.
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill();
+        let before = self.kubelet.registrations();
+        self.spawn()?;
+        self.kubelet
+            .wait_registered(before + 1, Duration::from_secs(60))
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}\nplugin log:\n{}", self.log_tail(40)))?;
+        Ok(())
+    }
+
+    /// Whether the plugin process is still running.
+    pub fn plugin_running(&mut self) -> bool {
+        self.process
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// CDI spec directory.
+    pub fn cdi_dir(&self) -> PathBuf {
+        self.root.join("cdi")
+    }
+
+    /// Plugin state directory (checkpoint, simulated hardware).
+    pub fn state_dir(&self) -> PathBuf {
+        self.root.join("state")
+    }
+
+    /// The simulated hardware's state file.
+    pub fn sim_state(&self) -> PathBuf {
+        self.state_dir().join("sim-hardware.json")
+    }
+
+    /// The simulator's fault-injection file.
+    pub fn faults_path(&self) -> PathBuf {
+        self.state_dir().join("faults.json")
+    }
+
+    /// The plugin's log.
+    pub fn log_path(&self) -> PathBuf {
+        self.root.join("plugin.log")
+    }
+
+    /// Last lines of the plugin's log.
+    pub fn log_tail(&self, n: usize) -> String {
+        crate::process::tail(&self.log_path(), n)
+    }
+}
+
+impl Drop for SimNode {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "==== tessera-plugin on {} (last lines)\n{}",
+                self.name,
+                self.log_tail(40)
+            );
+        }
+        self.kill();
+    }
+}

@@ -1,0 +1,535 @@
+//! The plugin end to end: real API server, scheduler and resourceclaim controller, a real
+//! `tessera-plugin` process per simulated node, and the kubelet stand-in calling it over
+//! its sockets.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use k8s_openapi::api::{
+    core::v1::Pod,
+    resource::v1::{ResourceClaim, ResourceSlice},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    runtime::wait::conditions,
+};
+use serde_json::json;
+use tessera_e2e::{ControlPlane, cluster, plugin::SimNode, repo_root, start_for_test};
+use tessera_gpu::backend::sim::state::{SimState, load_state};
+
+const NS: &str = "workloads";
+const WAIT: Duration = Duration::from_secs(90);
+
+async fn setup() -> (ControlPlane, Client) {
+    let cp = start_for_test().await.unwrap();
+    let client = cp.admin_client().await.unwrap();
+    cluster::apply_dir(&client, &repo_root().join("config/deviceclasses"), false)
+        .await
+        .unwrap();
+    cluster::create_namespace(&client, NS).await.unwrap();
+    (cp, client)
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
+    serde_json::from_value(v).unwrap()
+}
+
+/// A pod with one claim from a template: `class`, an optional CEL selector, optional capacity.
+async fn create_pod(
+    client: &Client,
+    name: &str,
+    class: &str,
+    selector: Option<&str>,
+    capacity: Option<serde_json::Value>,
+) {
+    let mut exactly = json!({"deviceClassName": class});
+    if let Some(sel) = selector {
+        exactly["selectors"] = json!([{"cel": {"expression": sel}}]);
+    }
+    if let Some(cap) = capacity {
+        exactly["capacity"] = json!({"requests": cap});
+    }
+    let templates: Api<k8s_openapi::api::resource::v1::ResourceClaimTemplate> =
+        Api::namespaced(client.clone(), NS);
+    templates
+        .create(
+            &PostParams::default(),
+            &from_json(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": name},
+                "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
+            })),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    pods.create(
+        &PostParams::default(),
+        &from_json(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                "resources": {"claims": [{"name": "gpu"}]}}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}]
+            }
+        })),
+    )
+    .await
+    .unwrap();
+}
+
+fn profile(p: &str) -> String {
+    format!("device.attributes['gpu.tessera.dev'].profile == '{p}'")
+}
+
+async fn wait_running(client: &Client, name: &str) -> Pod {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    cluster::wait_for(
+        &pods,
+        name,
+        |p: Option<&Pod>| p.and_then(|p| p.status.as_ref()?.phase.as_deref()) == Some("Running"),
+        &format!("pod {name} to run"),
+        WAIT,
+    )
+    .await
+    .unwrap()
+}
+
+async fn claim_of(client: &Client, pod: &Pod) -> ResourceClaim {
+    let name = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.resource_claim_statuses.as_ref())
+        .and_then(|c| c.first())
+        .and_then(|c| c.resource_claim_name.clone())
+        .expect("generated claim");
+    Api::<ResourceClaim>::namespaced(client.clone(), NS)
+        .get(&name)
+        .await
+        .unwrap()
+}
+
+fn allocated(claim: &ResourceClaim) -> (String, String) {
+    let r = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .and_then(|r| r.first())
+        .expect("allocated");
+    (r.pool.clone(), r.device.clone())
+}
+
+fn sim(node: &SimNode) -> SimState {
+    load_state(&node.sim_state())
+        .unwrap()
+        .expect("sim state written")
+}
+
+async fn delete_pod(client: &Client, name: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let uid = pods.get(name).await.unwrap().uid().unwrap();
+    pods.delete(name, &DeleteParams::default()).await.unwrap();
+    cluster::wait_for(
+        &pods,
+        name,
+        conditions::is_deleted(&uid),
+        &format!("pod {name} to be gone"),
+        WAIT,
+    )
+    .await
+    .ok();
+    let gone = pods.get_opt(name).await.unwrap().is_none();
+    assert!(gone, "pod {name} was not removed");
+}
+
+async fn slice_generation(client: &Client, node: &str) -> i64 {
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let list = slices
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .unwrap();
+    list.items
+        .iter()
+        .map(|s| s.spec.pool.generation)
+        .max()
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn mig_mps_and_whole_gpu_pods_run_and_deleting_them_destroys_what_was_made() {
+    let (cp, client) = setup().await;
+    let h100 = SimNode::start(
+        &cp,
+        "h100-node",
+        "gpus: [{model: h100-80gb}, {model: h100-80gb}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    let l4 = SimNode::start(
+        &cp,
+        "l4-node",
+        "gpus: [{model: l4}, {model: l4}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+
+    // The operator's job, done by hand here: GPU 1 of the L4 node is shared with MPS.
+    let gpunodes: Api<tessera_api::GpuNode> = Api::all(client.clone());
+    gpunodes
+        .patch("l4-node", &PatchParams::apply("tessera-operator").force(), &Patch::Apply(json!({
+            "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": "l4-node"},
+            "spec": {"gpus": [{"index": 1, "strategy": "MPS", "mps": {"maxClients": 4}}]}
+        })))
+        .await
+        .unwrap();
+
+    create_pod(
+        &client,
+        "mig-1g",
+        "mig.tessera.dev",
+        Some(&profile("1g.10gb")),
+        None,
+    )
+    .await;
+    create_pod(
+        &client,
+        "mig-3g",
+        "mig.tessera.dev",
+        Some(&profile("3g.40gb")),
+        None,
+    )
+    .await;
+    create_pod(
+        &client,
+        "mig-7g",
+        "mig.tessera.dev",
+        Some(&profile("7g.80gb")),
+        None,
+    )
+    .await;
+    create_pod(
+        &client,
+        "mps",
+        "mps.tessera.dev",
+        None,
+        Some(json!({"computePercent": "25", "memory": "4Gi"})),
+    )
+    .await;
+    create_pod(
+        &client,
+        "whole",
+        "gpu.tessera.dev",
+        Some("device.attributes['gpu.tessera.dev'].productName == 'NVIDIA L4'"),
+        None,
+    )
+    .await;
+
+    let mut made = BTreeMap::new();
+    for name in ["mig-1g", "mig-3g", "mig-7g"] {
+        let pod = wait_running(&client, name).await;
+        let claim = claim_of(&client, &pod).await;
+        let (pool, device) = allocated(&claim);
+        assert_eq!(pool, "h100-node");
+        let parsed = tessera_gpu::naming::parse_device_name(&device).unwrap();
+        let tessera_gpu::naming::DeviceName::Mig { gpu, start, .. } = parsed else {
+            panic!("{device} is not MIG")
+        };
+        // The hardware holds an instance at exactly the allocated placement.
+        let state = sim(&h100);
+        let inst = state.gpus[gpu as usize]
+            .instances
+            .iter()
+            .find(|i| i.start == start)
+            .unwrap_or_else(|| {
+                panic!(
+                    "no instance at GPU {gpu} start {start} for {device}: {:?}",
+                    state.gpus[gpu as usize].instances
+                )
+            });
+        let mig_uuid = inst.compute_instances[0].uuid.clone();
+        // The CDI spec and the claim status say what was made.
+        let uid = claim.uid().unwrap();
+        let spec = std::fs::read_to_string(
+            h100.cdi_dir()
+                .join(format!("k8s.gpu.tessera.dev-claim_{uid}.json")),
+        )
+        .unwrap();
+        assert!(
+            spec.contains(&format!("NVIDIA_VISIBLE_DEVICES={mig_uuid}")),
+            "{spec}"
+        );
+        let rec = h100.kubelet.pod(&pod.uid().unwrap()).unwrap();
+        assert_eq!(
+            rec.cdi_devices["main"],
+            vec![format!("k8s.gpu.tessera.dev/claim={uid}-{device}")]
+        );
+        let status = cluster::wait_for(
+            &Api::<ResourceClaim>::namespaced(client.clone(), NS),
+            &claim.name_any(),
+            |c: Option<&ResourceClaim>| {
+                c.and_then(|c| c.status.as_ref()?.devices.as_ref())
+                    .is_some_and(|d| !d.is_empty())
+            },
+            "status.devices",
+            WAIT,
+        )
+        .await
+        .unwrap();
+        let dev = &status.status.unwrap().devices.unwrap()[0];
+        assert_eq!(dev.device, device);
+        assert_eq!(dev.data.as_ref().unwrap().0["uuid"], mig_uuid);
+        made.insert(name, (gpu, start));
+    }
+    // 1g and 3g share a GPU (packing); the 7g needs a whole one.
+    assert_eq!(made["mig-1g"].0, made["mig-3g"].0, "{made:?}");
+    assert_ne!(made["mig-7g"].0, made["mig-3g"].0, "{made:?}");
+
+    let mps = wait_running(&client, "mps").await;
+    let claim = claim_of(&client, &mps).await;
+    assert_eq!(
+        allocated(&claim),
+        ("l4-node".to_string(), "gpu-1-mps".to_string())
+    );
+    let spec = std::fs::read_to_string(l4.cdi_dir().join(format!(
+        "k8s.gpu.tessera.dev-claim_{}.json",
+        claim.uid().unwrap()
+    )))
+    .unwrap();
+    assert!(
+        spec.contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25"),
+        "{spec}"
+    );
+    assert!(
+        spec.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M"),
+        "{spec}"
+    );
+    assert!(sim(&l4).gpus[1].mps.is_some(), "the MPS daemon runs");
+
+    let whole = wait_running(&client, "whole").await;
+    let claim = claim_of(&client, &whole).await;
+    assert_eq!(
+        allocated(&claim),
+        ("l4-node".to_string(), "gpu-0".to_string())
+    );
+
+    let gen_before = slice_generation(&client, "h100-node").await;
+    for name in ["mig-1g", "mig-3g", "mig-7g", "mps", "whole"] {
+        delete_pod(&client, name).await;
+    }
+    let state = sim(&h100);
+    assert!(
+        state.gpus.iter().all(|g| g.instances.is_empty()),
+        "instances left: {:?}",
+        state.gpus
+    );
+    assert!(
+        sim(&l4).gpus[1].mps.is_none(),
+        "the MPS daemon stops with its last client"
+    );
+    assert_eq!(
+        std::fs::read_dir(h100.cdi_dir()).unwrap().count(),
+        0,
+        "CDI specs removed"
+    );
+    assert!(
+        slice_generation(&client, "h100-node").await > gen_before,
+        "slices were republished"
+    );
+}
+
+#[tokio::test]
+async fn a_full_gpu_keeps_the_next_pod_pending_until_another_is_deleted() {
+    let (cp, client) = setup().await;
+    let _node = SimNode::start(
+        &cp,
+        "one-gpu",
+        "gpus: [{model: h100-80gb}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    create_pod(
+        &client,
+        "big",
+        "mig.tessera.dev",
+        Some(&profile("7g.80gb")),
+        None,
+    )
+    .await;
+    wait_running(&client, "big").await;
+    create_pod(
+        &client,
+        "next",
+        "mig.tessera.dev",
+        Some(&profile("4g.40gb")),
+        None,
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let unschedulable = |p: Option<&Pod>| {
+        p.and_then(|p| p.status.as_ref()?.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable")
+                })
+            })
+    };
+    cluster::wait_for(
+        &pods,
+        "next",
+        unschedulable,
+        "pod next to be unschedulable",
+        WAIT,
+    )
+    .await
+    .unwrap();
+    delete_pod(&client, "big").await;
+    let next = wait_running(&client, "next").await;
+    let (_, device) = allocated(&claim_of(&client, &next).await);
+    assert_eq!(device, "gpu-0-mig-4g-40gb-0");
+}
+
+#[tokio::test]
+async fn a_plugin_killed_between_the_checkpoint_phases_recovers_and_nothing_leaks() {
+    let (cp, client) = setup().await;
+    let mut node = SimNode::start(
+        &cp,
+        "crashy",
+        "gpus: [{model: h100-80gb}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    // The plugin dies right after the MIG instance exists, before it records it.
+    std::fs::write(
+        node.faults_path(),
+        r#"{"abortAfter":[{"operation":"create-compute-instance"}]}"#,
+    )
+    .unwrap();
+    create_pod(
+        &client,
+        "victim",
+        "mig.tessera.dev",
+        Some(&profile("3g.40gb")),
+        None,
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while node.plugin_running() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the plugin did not abort"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        sim(&node).gpus[0].instances.len(),
+        1,
+        "the instance outlived the plugin, as on hardware"
+    );
+    node.restart().await.unwrap();
+    // The kubelet's retry succeeds on the recovered plugin.
+    let pod = wait_running(&client, "victim").await;
+    let state = sim(&node);
+    assert_eq!(
+        state.gpus[0].instances.len(),
+        1,
+        "no leaked instance: {:?}",
+        state.gpus[0].instances
+    );
+    let (_, device) = allocated(&claim_of(&client, &pod).await);
+    assert!(device.starts_with("gpu-0-mig-3g-40gb-"));
+
+    // A plain restart keeps the prepared claim; unprepare still works afterwards.
+    node.restart().await.unwrap();
+    assert_eq!(
+        sim(&node).gpus[0].instances.len(),
+        1,
+        "a restart never destroys a prepared claim's instance"
+    );
+    delete_pod(&client, "victim").await;
+    assert!(sim(&node).gpus[0].instances.is_empty());
+}
+
+#[tokio::test]
+async fn bad_claims_get_per_claim_errors_and_do_not_fail_the_good_one() {
+    let (cp, client) = setup().await;
+    let node = SimNode::start(
+        &cp,
+        "strict",
+        "gpus: [{model: h100-80gb}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+    // Claims allocated by hand (as the scheduler would) to exercise the plugin's checks.
+    let make = async |name: &str, driver: &str, device: &str| {
+        let c = claims.create(&PostParams::default(), &from_json(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig.tessera.dev"}}]}}
+        }))).await.unwrap();
+        let mut c2 = c.clone();
+        c2.status = Some(from_json(json!({"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": driver, "pool": "strict", "device": device}]}}})));
+        claims
+            .replace_status(name, &PostParams::default(), &c2)
+            .await
+            .unwrap();
+        tessera_plugin::kubelet::ClaimRef {
+            namespace: NS.into(),
+            uid: c.uid().unwrap(),
+            name: name.into(),
+        }
+    };
+    let good = make("good", "gpu.tessera.dev", "gpu-0-mig-1g-10gb-6").await;
+    let foreign = make("foreign", "other.example.com", "gpu-0").await;
+    let unknown = make("unknown", "gpu.tessera.dev", "gpu-0-mig-9g-99gb-0").await;
+    let mut stale = make("stale", "gpu.tessera.dev", "gpu-0-mig-1g-10gb-0").await;
+    stale.uid = "00000000-0000-0000-0000-000000000000".into();
+
+    let info = node.kubelet.plugin().unwrap();
+    let dra = tessera_plugin::kubelet::client::DraClient::from_info(&info, Duration::from_secs(45))
+        .await
+        .unwrap();
+    let res = dra
+        .prepare(vec![
+            good.clone(),
+            foreign.clone(),
+            unknown.clone(),
+            stale.clone(),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(res.len(), 4, "{res:?}");
+    let devices = res[&good.uid].as_ref().expect("the good claim is prepared");
+    assert_eq!(devices[0].device_name, "gpu-0-mig-1g-10gb-6");
+    let err = |r: &tessera_plugin::kubelet::ClaimRef| res[&r.uid].clone().unwrap_err();
+    assert!(
+        err(&foreign).contains("no device of driver gpu.tessera.dev"),
+        "{}",
+        err(&foreign)
+    );
+    assert!(
+        err(&unknown).contains("gpu-0-mig-9g-99gb-0"),
+        "{}",
+        err(&unknown)
+    );
+    assert!(err(&stale).contains("replaced"), "{}", err(&stale));
+    assert_eq!(
+        sim(&node).gpus[0].instances.len(),
+        1,
+        "only the good claim made an instance"
+    );
+    // Repeating the call returns the same answer without touching the hardware again.
+    let again = dra.prepare(vec![good.clone()]).await.unwrap();
+    assert_eq!(again[&good.uid].as_ref().unwrap(), devices);
+    assert_eq!(sim(&node).gpus[0].instances.len(), 1);
+    // Unprepare of the good one cleans up; of an unknown claim is fine.
+    let un = dra
+        .unprepare(vec![good.clone(), stale.clone()])
+        .await
+        .unwrap();
+    assert!(un.values().all(Result::is_ok), "{un:?}");
+    assert!(sim(&node).gpus[0].instances.is_empty());
+}
