@@ -203,16 +203,16 @@ async fn run(client: Client, node: String, registry_dir: PathBuf, state: Arc<Mut
             use std::os::unix::fs::MetadataExt;
             std::fs::metadata(p).ok().map(|m| m.ino())
         });
-        if inode.is_some() && inode != registered_socket_inode {
-            if let Some(info) = register(&registry_dir).await
-                && let Ok(c) = DraClient::from_info(&info, KUBELET_CALL_TIMEOUT).await
-            {
-                registered_socket_inode = inode;
-                let mut s = lock(&state);
-                s.plugin = Some(info.clone());
-                s.registrations += 1;
-                dra = Some((info, c));
-            }
+        if inode.is_some()
+            && inode != registered_socket_inode
+            && let Some(info) = register(&registry_dir).await
+            && let Ok(c) = DraClient::from_info(&info, KUBELET_CALL_TIMEOUT).await
+        {
+            registered_socket_inode = inode;
+            let mut s = lock(&state);
+            s.plugin = Some(info.clone());
+            s.registrations += 1;
+            dra = Some((info, c));
         }
         let Some((_, client_dra)) = &dra else {
             continue;

@@ -41,6 +41,7 @@ pub struct SimNode {
     _dir: tempfile::TempDir,
     root: PathBuf,
     kubeconfig: PathBuf,
+    metrics_port: u16,
     process: Option<Child>,
     /// The kubelet stand-in of this node.
     pub kubelet: KubeletStandIn,
@@ -63,11 +64,15 @@ impl SimNode {
         cluster::node_bound_kubeconfig(cp, "tessera-system", "tessera-plugin", name, &kubeconfig)
             .await?;
         let kubelet = KubeletStandIn::start(admin, name, &root.join("registry"));
+        let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
         let mut node = Self {
             name: name.to_string(),
             _dir: dir,
             root,
             kubeconfig,
+            metrics_port,
             process: None,
             kubelet,
         };
@@ -96,7 +101,8 @@ impl SimNode {
             .arg(self.cdi_dir())
             .arg("--state-dir")
             .arg(self.state_dir())
-            .args(["--metrics-address", "127.0.0.1:0"])
+            .arg("--metrics-address")
+            .arg(format!("127.0.0.1:{}", self.metrics_port))
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .env("RUST_LOG", "info,tessera_plugin=debug")
@@ -135,6 +141,23 @@ impl SimNode {
         self.process
             .as_mut()
             .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// GETs a path of the plugin's HTTP endpoint (`/metrics`, `/readyz`, …): (status, body).
+    pub async fn http_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).await?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+            .await?;
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).await?;
+        let status = buf
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = buf.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+        Ok((status, body))
     }
 
     /// CDI spec directory.

@@ -1,6 +1,9 @@
 //! The Tessera API on a real API server: the CRDs install, every shipped manifest is
 //! accepted, and invalid policies are refused with a message that says what to fix.
 
+// Test fixtures outside #[test] functions panic on purpose: a failed setup step is a failed test.
+#![allow(clippy::unwrap_used)]
+
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::{
     Api, ResourceExt,

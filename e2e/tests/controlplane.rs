@@ -1,6 +1,9 @@
 //! The control plane itself: it serves, kubectl works against it, and stopping it leaves no
 //! process behind.
 
+// Test fixtures outside #[test] functions panic on purpose: a failed setup step is a failed test.
+#![allow(clippy::unwrap_used)]
+
 use tessera_e2e::{BinDir, ControlPlane, ControlPlaneOptions};
 
 #[tokio::test]

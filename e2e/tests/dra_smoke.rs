@@ -1,6 +1,9 @@
 //! DRA on the real scheduler: shared counters make overlapping MIG placements mutually
 //! exclusive, exactly the mechanism Tessera's dynamic MIG relies on.
 
+// Test fixtures outside #[test] functions panic on purpose: a failed setup step is a failed test.
+#![allow(clippy::unwrap_used)]
+
 use std::time::Duration;
 
 use k8s_openapi::api::{

@@ -2,6 +2,9 @@
 //! `tessera-plugin` process per simulated node, and the kubelet stand-in calling it over
 //! its sockets.
 
+// Test fixtures outside #[test] functions panic on purpose: a failed setup step is a failed test.
+#![allow(clippy::unwrap_used)]
+
 use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::api::{
@@ -532,4 +535,124 @@ async fn bad_claims_get_per_claim_errors_and_do_not_fail_the_good_one() {
         .unwrap();
     assert!(un.values().all(Result::is_ok), "{un:?}");
     assert!(sim(&node).gpus[0].instances.is_empty());
+}
+
+#[tokio::test]
+async fn a_gpu_fault_taints_its_devices_and_shows_in_status_and_metrics() {
+    let (cp, client) = setup().await;
+    let node = SimNode::start(
+        &cp,
+        "faulty",
+        "gpus: [{model: h100-80gb}, {model: h100-80gb}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let lp = ListParams::default().fields("spec.nodeName=faulty");
+    // Ready once registered and published.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (code, body) = node.http_get("/readyz").await.unwrap();
+        if code == 200 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "plugin never ready: {code} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The driver reports an XID 79 (GPU fell off the bus) on GPU 1.
+    std::fs::write(
+        node.faults_path(),
+        r#"{"healthEvents":[{"gpu":1,"kind":{"type":"xid","code":79,"fatal":true}}]}"#,
+    )
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let tainted = loop {
+        let list = slices.list(&lp).await.unwrap();
+        let devices: Vec<_> = list
+            .items
+            .iter()
+            .flat_map(|s| s.spec.devices.clone().unwrap_or_default())
+            .collect();
+        let tainted: Vec<_> = devices
+            .iter()
+            .filter(|d| d.taints.as_ref().is_some_and(|t| !t.is_empty()))
+            .collect();
+        if !tainted.is_empty() {
+            break tainted
+                .iter()
+                .map(|d| (d.name.clone(), d.taints.clone().unwrap()))
+                .collect::<Vec<_>>();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no device was tainted"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        tainted.iter().all(|(name, _)| name.starts_with("gpu-1")),
+        "only GPU 1's devices: {tainted:?}"
+    );
+    assert_eq!(tainted.len(), 26, "every device of the faulty H100");
+    let taint = &tainted[0].1[0];
+    assert_eq!(
+        (taint.key.as_str(), taint.effect.as_str()),
+        ("gpu.tessera.dev/unhealthy", "NoSchedule")
+    );
+    assert_eq!(taint.value.as_deref(), Some("xid-79"));
+    // The GpuNode says so.
+    let gpunodes: Api<tessera_api::GpuNode> = Api::all(client.clone());
+    let gn = cluster::wait_for(
+        &gpunodes,
+        "faulty",
+        |g: Option<&tessera_api::GpuNode>| {
+            g.and_then(|g| g.status.as_ref()).is_some_and(|s| {
+                s.gpus
+                    .iter()
+                    .any(|g| g.health == tessera_api::gpunode::GpuHealth::Unhealthy)
+            })
+        },
+        "GpuNode to report the fault",
+        WAIT,
+    )
+    .await
+    .unwrap();
+    let st = gn.status.unwrap();
+    assert_eq!(st.gpu_count, 2);
+    assert_eq!(st.gpus[1].health_message.as_deref(), Some("xid-79"));
+    let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "GpuUnhealthy")
+    );
+    // A MIG pod still runs, on the healthy GPU.
+    create_pod(
+        &client,
+        "survivor",
+        "mig.tessera.dev",
+        Some(&profile("1g.10gb")),
+        None,
+    )
+    .await;
+    let pod = wait_running(&client, "survivor").await;
+    let (_, device) = allocated(&claim_of(&client, &pod).await);
+    assert!(device.starts_with("gpu-0-"), "{device}");
+    // Metrics count what was published and prepared.
+    let (code, metrics) = node.http_get("/metrics").await.unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains("tessera_plugin_devices_published{type=\"mig\"} 50"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("tessera_plugin_devices_prepared{type=\"mig\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("tessera_plugin_prepare_duration_seconds_count{result=\"ok\"} 1"),
+        "{metrics}"
+    );
 }
