@@ -35,6 +35,8 @@ pub mod reasons {
     pub const LAYOUT_INVALID: &str = "LayoutInvalid";
     /// The API server dropped ResourceSlice fields because a feature gate is off.
     pub const FIELDS_DROPPED: &str = "ApiServerDroppedFields";
+    /// Part of the GpuNode spec cannot apply to the GPU (e.g. MIG on a GPU without MIG).
+    pub const CONFIG_NOT_APPLICABLE: &str = "ConfigNotApplicable";
     /// An A100-class GPU needs a reset before a MIG mode change takes effect.
     pub const MIG_MODE_PENDING_RESET: &str = "MigModePendingReset";
 }

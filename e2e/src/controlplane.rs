@@ -111,6 +111,20 @@ pub struct ControlPlaneOptions {
     pub bins: BinDir,
     /// A fixed directory (detached control planes); `None`: a fresh temp dir removed on drop.
     pub dir: Option<PathBuf>,
+    /// Feature gates set on top of the version's own (e.g. `DRAConsumableCapacity=false`
+    /// to see how the plugin copes with a cluster that lacks a feature).
+    pub extra_feature_gates: Vec<String>,
+}
+
+impl ControlPlaneOptions {
+    /// Options for `bins` in a fresh temp dir.
+    pub fn new(bins: BinDir) -> Self {
+        Self {
+            bins,
+            dir: None,
+            extra_feature_gates: Vec::new(),
+        }
+    }
 }
 
 /// What a detached control plane leaves behind so `env` and `down` can find it.
@@ -138,6 +152,7 @@ pub struct ControlPlane {
     server: String,
     bins: BinDir,
     detached: bool,
+    extra_gates: Vec<String>,
 }
 
 impl ControlPlane {
@@ -163,7 +178,9 @@ impl ControlPlane {
                 (t.path().to_path_buf(), Some(t))
             }
         };
+        let extra_gates = opts.extra_feature_gates;
         let mut cp = Self {
+            extra_gates,
             kubeconfig: dir.join("admin.kubeconfig"),
             dir,
             temp,
@@ -203,7 +220,13 @@ impl ControlPlane {
         write_state(&dir, &self.state())?;
 
         let v = self.bins.version;
-        let gates = v.feature_gates().join(",");
+        let gates = v
+            .feature_gates()
+            .into_iter()
+            .map(str::to_string)
+            .chain(self.extra_gates.iter().cloned())
+            .collect::<Vec<_>>()
+            .join(",");
         let path = |p: &str| dir.join(p).display().to_string();
 
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");

@@ -123,6 +123,37 @@ impl SimNode {
         }
     }
 
+    /// Stops the plugin with SIGTERM, as the kubelet does, and waits for it to exit.
+    pub async fn terminate(&mut self) -> anyhow::Result<()> {
+        let Some(mut c) = self.process.take() else {
+            return Ok(());
+        };
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(c.id())?);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = c.try_wait()? {
+                if !status.success() {
+                    bail!(
+                        "tessera-plugin exited with {status} on SIGTERM:\n{}",
+                        self.log_tail(20)
+                    );
+                }
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = c.kill();
+                bail!("tessera-plugin did not exit within 30 s of SIGTERM");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The kubelet registry directory of this node.
+    pub fn registry_dir(&self) -> PathBuf {
+        self.root.join("registry")
+    }
+
     /// Starts the plugin again (after [`SimNode::kill`] or a fault-injected abort) and
     /// waits until the kubelet stand-in registered it once more.
     pub async fn restart(&mut self) -> anyhow::Result<()> {

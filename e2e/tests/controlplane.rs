@@ -9,7 +9,7 @@ use tessera_e2e::{BinDir, ControlPlane, ControlPlaneOptions};
 #[tokio::test]
 async fn kubectl_reaches_a_ready_api_server_and_stop_leaves_no_process() {
     let bins = BinDir::for_tests().unwrap();
-    let mut cp = ControlPlane::start(ControlPlaneOptions { bins, dir: None })
+    let mut cp = ControlPlane::start(ControlPlaneOptions::new(bins))
         .await
         .unwrap();
     let out = std::process::Command::new(cp.bins().path("kubectl"))

@@ -603,6 +603,30 @@ async fn a_gpu_fault_taints_its_devices_and_shows_in_status_and_metrics() {
         ("gpu.tessera.dev/unhealthy", "NoSchedule")
     );
     assert_eq!(taint.value.as_deref(), Some("xid-79"));
+    // The kubelet's health stream says so, for every device of GPU 1 and only those.
+    let info = node.kubelet.plugin().unwrap();
+    let version =
+        tessera_plugin::kubelet::client::HealthVersion::negotiate(&info.supported_versions)
+            .unwrap();
+    let mut stream = tessera_plugin::kubelet::client::watch_health(
+        std::path::Path::new(&info.endpoint),
+        version,
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    let entries = futures::StreamExt::next(&mut stream)
+        .await
+        .unwrap()
+        .unwrap();
+    let unhealthy: Vec<_> = entries
+        .iter()
+        .filter(|e| e.health == tessera_plugin::kubelet::DeviceHealthStatus::Unhealthy)
+        .map(|e| e.device_name.clone())
+        .collect();
+    assert_eq!(unhealthy.len(), 26, "{unhealthy:?}");
+    assert!(unhealthy.iter().all(|d| d.starts_with("gpu-1")));
+    assert_eq!(entries.len(), 52);
     // The GpuNode says so.
     let gpunodes: Api<tessera_api::GpuNode> = Api::all(client.clone());
     let gn = cluster::wait_for(
@@ -641,18 +665,95 @@ async fn a_gpu_fault_taints_its_devices_and_shows_in_status_and_metrics() {
     let (_, device) = allocated(&claim_of(&client, &pod).await);
     assert!(device.starts_with("gpu-0-"), "{device}");
     // Metrics count what was published and prepared.
-    let (code, metrics) = node.http_get("/metrics").await.unwrap();
-    assert_eq!(code, 200);
+    // Metrics count what was published and prepared (the gauges follow the node loop's
+    // next pass after the prepare, so wait for them).
+    let wanted = [
+        "tessera_plugin_devices_published{type=\"mig\"} 50",
+        "tessera_plugin_devices_prepared{type=\"mig\"} 1",
+        "tessera_plugin_prepare_duration_seconds_count{result=\"ok\"} 1",
+    ];
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (code, metrics) = node.http_get("/metrics").await.unwrap();
+        assert_eq!(code, 200);
+        if wanted.iter().all(|w| metrics.contains(w)) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "metrics never showed {wanted:?}:\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // SIGTERM: the plugin leaves, removing its sockets so the kubelet deregisters it.
+    let mut node = node;
+    node.terminate().await.unwrap();
     assert!(
-        metrics.contains("tessera_plugin_devices_published{type=\"mig\"} 50"),
-        "{metrics}"
+        !std::path::Path::new(&info.endpoint).exists(),
+        "DRA socket left behind"
     );
+    assert_eq!(
+        std::fs::read_dir(node.registry_dir()).unwrap().count(),
+        0,
+        "registration socket left behind"
+    );
+}
+
+#[tokio::test]
+async fn dropped_slice_fields_are_reported_in_status_instead_of_republished_forever() {
+    // A cluster without consumable capacity: the API server drops allowMultipleAllocations
+    // and the capacity request policies of the MPS device.
+    let cp = tessera_e2e::start_for_test_with_gates(&["DRAConsumableCapacity=false"])
+        .await
+        .unwrap();
+    let client = cp.admin_client().await.unwrap();
+    let node = SimNode::start(&cp, "old-cluster", "gpus: [{model: l4}]\nlatencies: zero\n")
+        .await
+        .unwrap();
+    let gpunodes: Api<tessera_api::GpuNode> = Api::all(client.clone());
+    gpunodes
+        .patch("old-cluster", &PatchParams::apply("tessera-operator").force(), &Patch::Apply(json!({
+            "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": "old-cluster"},
+            "spec": {"gpus": [{"index": 0, "strategy": "MPS"}]}
+        })))
+        .await
+        .unwrap();
+    let gn = cluster::wait_for(
+        &gpunodes,
+        "old-cluster",
+        |g: Option<&tessera_api::GpuNode>| {
+            g.and_then(|g| g.status.as_ref()).is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.reason == "ApiServerDroppedFields")
+            })
+        },
+        "the dropped fields to be reported",
+        WAIT,
+    )
+    .await
+    .unwrap();
+    let ready = gn
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(ready.status, "False");
     assert!(
-        metrics.contains("tessera_plugin_devices_prepared{type=\"mig\"} 1"),
-        "{metrics}"
+        ready.message.contains("allowMultipleAllocations"),
+        "{}",
+        ready.message
     );
-    assert!(
-        metrics.contains("tessera_plugin_prepare_duration_seconds_count{result=\"ok\"} 1"),
-        "{metrics}"
+    // No publish loop: the pool generation stays put.
+    let before = slice_generation(&client, "old-cluster").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        slice_generation(&client, "old-cluster").await,
+        before,
+        "the plugin keeps republishing"
     );
+    let (code, body) = node.http_get("/readyz").await.unwrap();
+    assert_eq!(code, 200, "{body}");
 }

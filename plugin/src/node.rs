@@ -62,6 +62,7 @@ pub struct NodeLoop {
     ready_tx: watch::Sender<Result<(), String>>,
     last_generation: i64,
     slice_count: usize,
+    last_warnings: Vec<String>,
 }
 
 impl NodeLoop {
@@ -85,6 +86,7 @@ impl NodeLoop {
             ready_tx,
             last_generation: 0,
             slice_count: 0,
+            last_warnings: Vec::new(),
         }
     }
 
@@ -98,8 +100,11 @@ impl NodeLoop {
             Some(&gpunode.spec),
             self.default_strategy,
         );
-        for w in &warnings {
-            warn!(node = %self.driver.node, "{w}");
+        if warnings != self.last_warnings {
+            for w in &warnings {
+                warn!(node = %self.driver.node, "{w}");
+            }
+            self.last_warnings.clone_from(&warnings);
         }
         let live = self.driver.live_instances().await?;
         let occupancy = self.driver.occupancy(&live);
@@ -125,7 +130,7 @@ impl NodeLoop {
         self.publish_health(&pool);
         self.count_devices(&pool).await;
 
-        let mut problems = warnings;
+        let mut problems = Vec::new();
         if !outcome.dropped_fields.is_empty() {
             problems.push(format!(
                 "the API server dropped {} from the ResourceSlices: enable the DRA feature gates (DRAPartitionableDevices, DRAConsumableCapacity, DRADeviceTaints) on kube-apiserver and kube-scheduler",
@@ -147,6 +152,7 @@ impl NodeLoop {
                 health: &self.health,
                 observed_generation: gpunode.metadata.generation,
                 problems: &problems,
+                config_warnings: &warnings,
             },
             &previous,
         );

@@ -57,8 +57,10 @@ pub struct StatusInput<'a> {
     pub health: &'a BTreeMap<u32, GpuHealthState>,
     /// `GpuNode.metadata.generation` the offers were resolved from.
     pub observed_generation: Option<i64>,
-    /// Problems applying the spec or publishing (dropped fields, unusable config).
+    /// Problems publishing: fields the API server dropped.
     pub problems: &'a [String],
+    /// Parts of the spec that could not apply to a GPU (reported in `Applied`).
+    pub config_warnings: &'a [String],
 }
 
 /// Computes the status (pure).
@@ -170,14 +172,25 @@ pub fn compute(input: &StatusInput<'_>, previous: &[Condition]) -> GpuNodeStatus
             previous,
         )
     };
-    let applied = condition(
-        types::APPLIED,
-        true,
-        reasons::AS_EXPECTED,
-        "the published devices follow the spec",
-        input.observed_generation,
-        previous,
-    );
+    let applied = if input.config_warnings.is_empty() {
+        condition(
+            types::APPLIED,
+            true,
+            reasons::AS_EXPECTED,
+            "the published devices follow the spec",
+            input.observed_generation,
+            previous,
+        )
+    } else {
+        condition(
+            types::APPLIED,
+            false,
+            reasons::CONFIG_NOT_APPLICABLE,
+            &input.config_warnings.join("; "),
+            input.observed_generation,
+            previous,
+        )
+    };
     GpuNodeStatus {
         observed_generation: input.observed_generation,
         conditions: vec![ready, applied],
@@ -482,6 +495,7 @@ mod tests {
         offers: Vec<GpuOffer>,
         health: BTreeMap<u32, GpuHealthState>,
         problems: Vec<String>,
+        config_warnings: Vec<String>,
     }
 
     impl Fixture {
@@ -493,6 +507,7 @@ mod tests {
                 offers: offers(),
                 health: BTreeMap::new(),
                 problems: vec![],
+                config_warnings: vec![],
             }
         }
 
@@ -506,6 +521,7 @@ mod tests {
                     health: &self.health,
                     observed_generation: Some(3),
                     problems: &self.problems,
+                    config_warnings: &self.config_warnings,
                 },
                 previous,
             )
@@ -661,10 +677,7 @@ mod tests {
     #[test]
     fn problems_make_the_node_not_ready_and_are_quoted() {
         let mut f = Fixture::new();
-        f.problems = vec![
-            "the API server dropped devices[].consumesCounters".into(),
-            "GPU 2 (NVIDIA L4) does not support MIG".into(),
-        ];
+        f.problems = vec!["the API server dropped devices[].consumesCounters".into()];
         let s = f.compute(&[]);
         let r = ready(&s);
         assert_eq!(r.status, "False");
@@ -674,7 +687,25 @@ mod tests {
             "{}",
             r.message
         );
-        assert!(r.message.contains("does not support MIG"), "{}", r.message);
+    }
+
+    #[test]
+    fn config_that_cannot_apply_is_reported_in_applied_not_ready() {
+        let mut f = Fixture::new();
+        f.config_warnings =
+            vec!["GPU 2 (NVIDIA L4) does not support MIG; offering it whole".into()];
+        let s = f.compute(&[]);
+        assert_eq!(ready(&s).status, "True");
+        let applied = s.conditions.iter().find(|c| c.type_ == "Applied").unwrap();
+        assert_eq!(
+            (applied.status.as_str(), applied.reason.as_str()),
+            ("False", "ConfigNotApplicable")
+        );
+        assert!(
+            applied.message.contains("does not support MIG"),
+            "{}",
+            applied.message
+        );
     }
 
     #[test]

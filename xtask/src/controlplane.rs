@@ -111,8 +111,8 @@ pub async fn start(version: Option<K8sVersion>, name: &str) -> anyhow::Result<Co
     println!("\n==> starting etcd, kube-apiserver, kube-scheduler, kube-controller-manager");
     let started = std::time::Instant::now();
     let cp = ControlPlane::start(ControlPlaneOptions {
-        bins,
         dir: Some(dir),
+        ..ControlPlaneOptions::new(bins)
     })
     .await?;
     println!(
