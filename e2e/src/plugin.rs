@@ -19,19 +19,24 @@ pub fn plugin_binary() -> anyhow::Result<PathBuf> {
         return Ok(p.into());
     }
     let exe = std::env::current_exe()?;
-    // target/<profile>/deps/<test> → target/<profile>/tessera-plugin
-    let candidate = exe
-        .parent()
-        .and_then(Path::parent)
+    // Tests run from target/<profile>/deps/, xtask from target/<profile>/.
+    let dirs = [exe.parent(), exe.parent().and_then(Path::parent)];
+    let candidates: Vec<PathBuf> = dirs
+        .iter()
+        .flatten()
         .map(|d| d.join("tessera-plugin"))
-        .context("cannot locate the target directory")?;
-    if !candidate.is_file() {
-        bail!(
-            "{} is not built: run `cargo build -p tessera-plugin` (cargo xtask test does) or set TESSERA_PLUGIN_BIN",
-            candidate.display()
-        );
+        .collect();
+    match candidates.iter().find(|c| c.is_file()) {
+        Some(c) => Ok(c.clone()),
+        None => bail!(
+            "tessera-plugin is not built (looked at {}): run `cargo build -p tessera-plugin` (cargo xtask test does) or set TESSERA_PLUGIN_BIN",
+            candidates
+                .iter()
+                .map(|c| c.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     }
-    Ok(candidate)
 }
 
 /// One simulated node.

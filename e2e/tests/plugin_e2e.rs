@@ -757,3 +757,41 @@ async fn dropped_slice_fields_are_reported_in_status_instead_of_republished_fore
     let (code, body) = node.http_get("/readyz").await.unwrap();
     assert_eq!(code, 200, "{body}");
 }
+
+#[tokio::test]
+async fn the_demo_workloads_run_as_shipped_on_the_demo_nodes() {
+    let cp = start_for_test().await.unwrap();
+    let demo = tessera_e2e::demo::DemoCluster::start(&cp, &mut |_| {})
+        .await
+        .unwrap();
+    let pods = demo.run_workloads(&cp, WAIT).await.unwrap();
+    assert_eq!(pods.len(), 4, "every pod in config/workloads runs");
+    let client = cp.admin_client().await.unwrap();
+    let claims: Api<ResourceClaim> = Api::namespaced(client, "default");
+    let mut devices: Vec<(String, String)> = Vec::new();
+    for c in claims.list(&ListParams::default()).await.unwrap() {
+        devices.push(allocated(&c));
+    }
+    devices.sort();
+    // The MPS share lands on the L4 the GpuNode spec shares; the MIG partitions on MIG GPUs.
+    assert!(
+        devices.contains(&("gpu-l4".into(), "gpu-0-mps".into())),
+        "{devices:?}"
+    );
+    assert_eq!(
+        devices
+            .iter()
+            .filter(|(_, d)| d.contains("-mig-1g-"))
+            .count(),
+        1,
+        "{devices:?}"
+    );
+    assert_eq!(
+        devices
+            .iter()
+            .filter(|(_, d)| d.contains("-mig-3g-"))
+            .count(),
+        1,
+        "{devices:?}"
+    );
+}

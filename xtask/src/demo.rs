@@ -1,48 +1,104 @@
-//! `cargo xtask demo`: a running local cluster with Tessera's API installed.
+//! `cargo xtask demo`: a local cluster with Tessera running on three simulated GPU nodes.
 //!
-//! For now: build, start the control plane, install the CRDs, DeviceClasses and samples,
-//! show `kubectl get gsp`. It grows as the plugin and operator land.
+//! Builds what is needed, starts the control plane, installs the CRDs, DeviceClasses,
+//! RBAC and sample policies, starts a real `tessera-plugin` (simulated GPUs) and the kubelet
+//! stand-in per node, runs the sample workloads of `config/workloads`, prints what a user
+//! would look at, and keeps running until Ctrl-C with a KUBECONFIG kubectl can use.
 
-use std::process::Command;
+use std::{process::Command, time::Duration};
 
 use anyhow::Context;
-use tessera_e2e::{K8sVersion, cluster};
+use tessera_e2e::{K8sVersion, cluster, demo::DemoCluster};
 
-use crate::{controlplane, steps::repo_root};
+use crate::{
+    controlplane,
+    steps::{cargo, repo_root},
+};
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Kubernetes release (default: newest 1.37 release served).
     #[arg(long, env = "TESSERA_K8S_VERSION")]
     pub version: Option<K8sVersion>,
+    /// Set everything up, print it, and stop again instead of waiting for Ctrl-C.
+    #[arg(long)]
+    pub once: bool,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    println!("==> building tessera-plugin");
+    cargo(&["build", "--quiet", "-p", "tessera-plugin", "--bins"], &[])?;
     let cp = controlplane::start(args.version, "default").await?;
     let client = cp.admin_client().await?;
     let root = repo_root()?;
-    println!("\n==> installing CRDs, DeviceClasses, RBAC and samples");
+    println!("\n==> installing CRDs, RBAC, DeviceClasses and sample policies");
     cluster::install_crds(&client, &tessera_api::crds::all()).await?;
     for dir in ["config/rbac", "config/deviceclasses", "config/samples"] {
         for applied in cluster::apply_dir(&client, &root.join(dir), false).await? {
             println!("    {}", applied.object);
         }
     }
+    println!("\n==> starting three simulated GPU nodes (a real tessera-plugin each)");
+    let demo = DemoCluster::start(&cp, &mut |line| println!("    {line}")).await?;
+    println!("\n==> running the sample workloads in config/workloads");
+    let pods = demo.run_workloads(&cp, Duration::from_secs(120)).await?;
+    println!("    {} pods running", pods.len());
+
     let kubectl = cp.bins().path("kubectl");
-    println!("\n$ kubectl get gsp");
-    let out = Command::new(&kubectl)
-        .args(["get", "gsp"])
-        .env("KUBECONFIG", cp.kubeconfig_path())
-        .output()
-        .with_context(|| format!("running {}", kubectl.display()))?;
-    print!("{}", String::from_utf8_lossy(&out.stdout));
-    eprint!("{}", String::from_utf8_lossy(&out.stderr));
-    let bin_dir = cp.bins().dir.clone();
-    let state = cp.detach()?;
-    println!("\nThe demo cluster keeps running. Use it with:\n");
-    println!("export KUBECONFIG={}", state.kubeconfig.display());
-    println!("export PATH={}:$PATH", bin_dir.display());
-    println!("kubectl get gsp,gpunodes,deviceclasses,resourceslices");
-    println!("\nStop it with: cargo xtask controlplane down");
+    for what in [
+        vec!["get", "gsp"],
+        vec!["get", "gpunodes"],
+        vec!["get", "pods", "-o", "wide"],
+        vec![
+            "get",
+            "resourceclaims",
+            "-o",
+            "custom-columns=CLAIM:.metadata.name,NODE:.status.allocation.devices.results[0].pool,DEVICE:.status.allocation.devices.results[0].device,MADE:.status.devices[0].data",
+        ],
+        vec![
+            "get",
+            "resourceslices",
+            "-o",
+            "custom-columns=SLICE:.metadata.name,NODE:.spec.nodeName,GENERATION:.spec.pool.generation,DEVICES:.spec.devices[*].name",
+        ],
+    ] {
+        println!("\n$ kubectl {}", what.join(" "));
+        let out = Command::new(&kubectl)
+            .args(&what)
+            .env("KUBECONFIG", cp.kubeconfig_path())
+            .output()
+            .with_context(|| format!("running {}", kubectl.display()))?;
+        print!("{}", shorten(&String::from_utf8_lossy(&out.stdout)));
+        eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    }
+    println!("\nThe demo cluster is running. In another terminal:\n");
+    println!("export KUBECONFIG={}", cp.kubeconfig_path().display());
+    println!("export PATH={}:$PATH", cp.bins().dir.display());
+    println!("kubectl describe gpunode gpu-h100");
+    println!("kubectl delete pod finetune   # the plugin destroys its MIG partition");
+    if args.once {
+        println!("\n(--once: stopping)");
+    } else {
+        println!("\nPress Ctrl-C to stop everything.");
+        tokio::signal::ctrl_c().await?;
+    }
+    drop(demo);
+    drop(cp);
+    println!("stopped");
     Ok(())
+}
+
+/// Keeps the device lists readable: a slice of an H100 has 26 devices.
+fn shorten(text: &str) -> String {
+    text.lines()
+        .map(|l| {
+            if l.chars().count() > 160 {
+                format!("{}…", l.chars().take(159).collect::<String>())
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
 }

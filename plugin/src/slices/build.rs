@@ -122,18 +122,31 @@ fn gpu_devices(
             },
             Some(layout),
         ) => {
+            // Only offer what the GPU can become without a reset: Hopper and newer switch
+            // MIG mode on an idle GPU at prepare time, so they offer both partitions and
+            // the whole GPU; an A100 offers what its current mode allows.
+            let toggles = info.architecture.mig_toggle_without_reset();
+            let offer_mig = toggles || info.mig_enabled;
+            let offer_whole = toggles || !info.mig_enabled;
             let scheme = CounterScheme::new(layout);
-            let mut devices: Vec<Device> = order::publishing_order(layout, gpu.occupancy)
-                .into_iter()
-                .filter(|p| {
-                    allowed_profile_ids.is_empty() || allowed_profile_ids.contains(&p.profile_id)
-                })
-                .filter_map(|p| mig_device(info, layout, &scheme, p, &base))
-                .collect();
-            let mut whole = whole_gpu(info, &base);
-            whole.consumes_counters =
-                Some(vec![consumption(scheme.full_gpu_consumption(info.index))]);
-            devices.push(whole);
+            let mut devices: Vec<Device> = if offer_mig {
+                order::publishing_order(layout, gpu.occupancy)
+                    .into_iter()
+                    .filter(|p| {
+                        allowed_profile_ids.is_empty()
+                            || allowed_profile_ids.contains(&p.profile_id)
+                    })
+                    .filter_map(|p| mig_device(info, layout, &scheme, p, &base))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            if offer_whole {
+                let mut whole = whole_gpu(info, &base);
+                whole.consumes_counters =
+                    Some(vec![consumption(scheme.full_gpu_consumption(info.index))]);
+                devices.push(whole);
+            }
             (Some(counter_set(&scheme, info.index)), devices)
         }
         (GpuOffer::StaticMig { placements }, Some(layout)) => {
@@ -506,6 +519,41 @@ mod tests {
                 allowed_profile_ids: vec![],
             },
             occupancy: Occupancy::new(),
+        }
+    }
+
+    #[test]
+    fn an_a100_offers_only_what_its_current_mig_mode_allows() {
+        let model = tessera_gpu::find_model("a100-40gb").unwrap();
+        let layout = model.mig.clone().unwrap();
+        for mig_enabled in [true, false] {
+            let info = GpuInfo {
+                mig_enabled,
+                mig_pending: mig_enabled,
+                ..dynamic_h100(0).info
+            };
+            let info = GpuInfo {
+                architecture: model.architecture,
+                ..info
+            };
+            let offer = GpuOffer::DynamicMig {
+                allowed_profile_ids: vec![],
+            };
+            let occ = Occupancy::new();
+            let view = GpuView {
+                info: &info,
+                layout: Some(&layout),
+                offer: &offer,
+                occupancy: &occ,
+            };
+            let pool = build_pool(&[view], None);
+            let names: Vec<_> = pool.device_names().collect();
+            if mig_enabled {
+                assert_eq!(names.len(), 25, "placements only: {names:?}");
+                assert!(!names.contains(&"gpu-0"));
+            } else {
+                assert_eq!(names, ["gpu-0"], "a reset would be needed for MIG");
+            }
         }
     }
 
