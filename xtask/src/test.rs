@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tessera_e2e::K8sVersion;
+use tessera_e2e::{K8sVersion, binaries};
 
 use crate::{
     controlplane,
@@ -11,9 +11,13 @@ use crate::{
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Kubernetes release for the end-to-end tests (default: newest 1.37 release served).
+    /// Kubernetes release for the whole suite (default: newest 1.37 release served).
     #[arg(long, env = "TESSERA_K8S_VERSION")]
     pub version: Option<K8sVersion>,
+    /// Minor releases the end-to-end tests also run against (newest patch of each), so
+    /// every supported minor is exercised. `--also-minor none` skips them.
+    #[arg(long, default_value = "36", value_delimiter = ',')]
+    pub also_minor: Vec<String>,
 }
 
 pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
@@ -52,17 +56,50 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         Ok(())
     })?;
     let bins = bins.ok_or_else(|| anyhow::anyhow!("no binaries"))?;
-    let envs = [
-        ("TESSERA_K8S_VERSION", bins.version.to_string()),
-        ("TESSERA_K8S_BIN_DIR", bins.dir.display().to_string()),
-    ];
+    // The end-to-end tests start the plugin binary: build it first so they never run a
+    // stale one.
+    step("cargo build -p tessera-plugin", &mut || {
+        cargo(&["build", "-p", "tessera-plugin", "--bins"], &[])
+    })?;
+    let envs = |b: &tessera_e2e::BinDir| {
+        [
+            ("TESSERA_K8S_VERSION", b.version.to_string()),
+            ("TESSERA_K8S_BIN_DIR", b.dir.display().to_string()),
+        ]
+    };
     step(
         &format!(
             "cargo test --workspace (end-to-end on Kubernetes {})",
             bins.version
         ),
-        &mut || cargo(&["test", "--workspace", "--all-targets"], &envs),
+        &mut || cargo(&["test", "--workspace", "--all-targets"], &envs(&bins)),
     )?;
+    for minor in args.also_minor.iter().filter(|m| m.as_str() != "none") {
+        let minor: u32 = minor.parse().map_err(|_| {
+            anyhow::anyhow!("--also-minor takes minor numbers like 36, got {minor}")
+        })?;
+        if minor == bins.version.minor {
+            continue;
+        }
+        let version = binaries::newest_release(minor).or_else(|e| {
+            binaries::newest_cached()?
+                .filter(|v| v.minor == minor)
+                .ok_or(e)
+        })?;
+        let mut other = None;
+        step(
+            &format!("control plane binaries for {version}"),
+            &mut || {
+                other = Some(controlplane::build(Some(version))?);
+                Ok(())
+            },
+        )?;
+        let other = other.ok_or_else(|| anyhow::anyhow!("no binaries"))?;
+        step(
+            &format!("end-to-end tests on Kubernetes {}", other.version),
+            &mut || cargo(&["test", "-p", "tessera-e2e", "--tests"], &envs(&other)),
+        )?;
+    }
     println!("\nSummary:");
     for (name, took) in &timings {
         println!("  {:>8}  {name}", human(*took));
