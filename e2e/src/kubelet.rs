@@ -195,13 +195,15 @@ async fn run(client: Client, node: String, registry_dir: PathBuf, state: Arc<Mut
     });
     let mut dra: Option<(PluginInfo, DraClient)> = None;
     let mut backoff: BTreeMap<String, (tokio::time::Instant, Duration)> = BTreeMap::new();
-    let mut registered_socket_inode: Option<u64> = None;
+    // A restarted plugin binds a new socket; inode numbers are reused, so the change time
+    // tells a new socket from the old one (the kubelet gets an inotify event instead).
+    let mut registered_socket_inode: Option<(u64, i64, i64)> = None;
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
         // (Re-)register when the registration socket appears or is replaced.
         let inode = find_registration_socket(&registry_dir).and_then(|p| {
             use std::os::unix::fs::MetadataExt;
-            std::fs::metadata(p).ok().map(|m| m.ino())
+            std::fs::metadata(p).ok().map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
         });
         if inode.is_some()
             && inode != registered_socket_inode

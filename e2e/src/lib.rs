@@ -8,10 +8,12 @@
 //!
 //! No fake API server anywhere: what the tests exercise is the real one.
 
+pub mod bench;
 pub mod binaries;
 mod certs;
 pub mod cluster;
 pub mod controlplane;
+pub mod demo;
 pub mod kubelet;
 pub mod plugin;
 mod process;
@@ -22,8 +24,15 @@ pub use binaries::BinDir;
 /// Starts an isolated control plane for one test (own temp dir and ports) from the binaries
 /// `cargo xtask test` built, with Tessera's CRDs installed.
 pub async fn start_for_test() -> anyhow::Result<ControlPlane> {
+    start_for_test_with_gates(&[]).await
+}
+
+/// [`start_for_test`] with extra feature gates on every component.
+pub async fn start_for_test_with_gates(gates: &[&str]) -> anyhow::Result<ControlPlane> {
     let bins = BinDir::for_tests()?;
-    let cp = ControlPlane::start(ControlPlaneOptions { bins, dir: None }).await?;
+    let mut opts = ControlPlaneOptions::new(bins);
+    opts.extra_feature_gates = gates.iter().map(ToString::to_string).collect();
+    let cp = ControlPlane::start(opts).await?;
     let client = cp.admin_client().await?;
     cluster::install_crds(&client, &tessera_api::crds::all()).await?;
     Ok(cp)

@@ -12,8 +12,12 @@
 //! At start-up a `PrepareStarted` claim is rolled back (its instances destroyed) so the
 //! kubelet's retry starts clean, and instances the checkpoint attributes to claims that no
 //! longer hold them are destroyed. Instances the checkpoint does not know are reported,
-//! never destroyed. Writes are atomic (temp file, fsync, rename, fsync of the directory),
-//! so a crash leaves either the old or the new checkpoint, never a torn one.
+//! never destroyed.
+//!
+//! One file per claim (`<state dir>/claims/<uid>.json`), so a write costs the same with
+//! one prepared claim as with a thousand. Writes are atomic (temp file, fsync, rename,
+//! fsync of the directory): a crash leaves either the old or the new record, never a torn
+//! one.
 
 use std::{
     collections::BTreeMap,
@@ -186,68 +190,118 @@ pub struct MigIdentity {
     pub uuid: String,
 }
 
-/// The checkpoint file.
+/// One claim's file: the record plus the format version.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ClaimFile {
+    version: String,
+    claim: ClaimRecord,
+}
+
+/// The checkpoint directory: one file per claim.
 #[derive(Clone, Debug)]
 pub struct CheckpointStore {
-    path: PathBuf,
+    dir: PathBuf,
 }
 
 impl CheckpointStore {
-    /// A store at `path` (`<state dir>/checkpoint.json`).
-    pub fn new(path: impl Into<PathBuf>) -> Self {
-        Self { path: path.into() }
+    /// A store in `dir` (`<state dir>/claims`).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
     }
 
-    /// The file.
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
-    /// Reads the checkpoint; a missing file is an empty checkpoint.
+    fn claim_path(&self, uid: &str) -> PathBuf {
+        self.dir.join(format!("{uid}.json"))
+    }
+
+    /// Reads every claim's record; a missing directory is an empty checkpoint. Temp files
+    /// of an interrupted write (dot files) are ignored and removed.
     pub fn load(&self) -> Result<Checkpoint> {
-        let text = match fs::read_to_string(&self.path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Checkpoint::default()),
-            Err(source) => return Err(self.io("reading", source)),
+        let mut cp = Checkpoint::default();
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(cp),
+            Err(source) => return Err(self.io("reading", &self.dir, source)),
         };
-        let cp: Checkpoint = serde_json::from_str(&text).map_err(|source| Error::Parse {
-            path: self.path.clone(),
-            source,
-        })?;
-        if cp.version != CHECKPOINT_VERSION {
-            return Err(Error::Version {
-                path: self.path.clone(),
-                found: cp.version,
-            });
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                let _ = fs::remove_file(&path);
+                continue;
+            }
+            if !name.ends_with(".json") {
+                continue;
+            }
+            let text = fs::read_to_string(&path).map_err(|s| self.io("reading", &path, s))?;
+            let file: ClaimFile = serde_json::from_str(&text).map_err(|source| Error::Parse {
+                path: path.clone(),
+                source,
+            })?;
+            if file.version != CHECKPOINT_VERSION {
+                return Err(Error::Version {
+                    path,
+                    found: file.version,
+                });
+            }
+            cp.claims.insert(file.claim.uid.clone(), file.claim);
         }
         Ok(cp)
     }
 
-    /// Writes the checkpoint atomically and durably.
-    pub fn save(&self, cp: &Checkpoint) -> Result<()> {
-        let dir = self.path.parent().unwrap_or(Path::new("."));
-        fs::create_dir_all(dir).map_err(|s| self.io("creating the directory of", s))?;
-        let text = serde_json::to_vec_pretty(cp).map_err(|source| Error::Parse {
-            path: self.path.clone(),
+    /// Writes one claim's record atomically and durably.
+    pub fn save_claim(&self, claim: &ClaimRecord) -> Result<()> {
+        fs::create_dir_all(&self.dir).map_err(|s| self.io("creating", &self.dir, s))?;
+        let path = self.claim_path(&claim.uid);
+        let file = ClaimFile {
+            version: CHECKPOINT_VERSION.to_string(),
+            claim: claim.clone(),
+        };
+        let text = serde_json::to_vec(&file).map_err(|source| Error::Parse {
+            path: path.clone(),
             source,
         })?;
-        let tmp = self.path.with_extension("json.tmp");
-        let mut f = File::create(&tmp).map_err(|s| self.io("creating a temp file for", s))?;
-        f.write_all(&text).map_err(|s| self.io("writing", s))?;
-        f.sync_all().map_err(|s| self.io("syncing", s))?;
+        let tmp = self.dir.join(format!(".{}.tmp", claim.uid));
+        let mut f =
+            File::create(&tmp).map_err(|s| self.io("creating a temp file for", &path, s))?;
+        f.write_all(&text)
+            .map_err(|s| self.io("writing", &tmp, s))?;
+        f.sync_all().map_err(|s| self.io("syncing", &tmp, s))?;
         drop(f);
-        fs::rename(&tmp, &self.path).map_err(|s| self.io("replacing", s))?;
-        // The rename is durable only once the directory entry is.
-        if let Ok(d) = File::open(dir) {
-            let _ = d.sync_all();
-        }
+        fs::rename(&tmp, &path).map_err(|s| self.io("replacing", &path, s))?;
+        self.sync_dir();
         Ok(())
     }
 
-    fn io(&self, action: &'static str, source: std::io::Error) -> Error {
+    /// Forgets a claim; a claim that is not there is fine.
+    pub fn remove_claim(&self, uid: &str) -> Result<()> {
+        let path = self.claim_path(uid);
+        match fs::remove_file(&path) {
+            Ok(()) => {
+                self.sync_dir();
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(self.io("removing", &path, source)),
+        }
+    }
+
+    /// A rename or removal is durable only once the directory entry is.
+    fn sync_dir(&self) {
+        if let Ok(d) = File::open(&self.dir) {
+            let _ = d.sync_all();
+        }
+    }
+
+    fn io(&self, action: &'static str, path: &Path, source: std::io::Error) -> Error {
         Error::Io {
             action,
-            path: self.path.clone(),
+            path: path.to_path_buf(),
             source,
         }
     }
@@ -290,47 +344,74 @@ mod tests {
     #[test]
     fn a_missing_checkpoint_is_empty() {
         let dir = tempfile::tempdir().unwrap();
-        let store = CheckpointStore::new(dir.path().join("checkpoint.json"));
+        let store = CheckpointStore::new(dir.path().join("claims"));
         assert_eq!(store.load().unwrap(), Checkpoint::default());
     }
 
     #[test]
-    fn a_saved_checkpoint_reads_back_identically_and_leaves_no_temp_file() {
+    fn saved_claims_read_back_identically_and_leave_no_temp_file() {
         let dir = tempfile::tempdir().unwrap();
-        let store = CheckpointStore::new(dir.path().join("state/checkpoint.json"));
-        let mut cp = Checkpoint::default();
-        cp.claims
-            .insert("0b1e-uid".into(), record(ClaimPhase::PrepareStarted));
-        store.save(&cp).unwrap();
-        cp.claims.get_mut("0b1e-uid").unwrap().phase = ClaimPhase::PrepareCompleted;
-        store.save(&cp).unwrap();
-        assert_eq!(store.load().unwrap(), cp);
-        let names: Vec<_> = fs::read_dir(dir.path().join("state"))
+        let store = CheckpointStore::new(dir.path().join("state/claims"));
+        let mut rec = record(ClaimPhase::PrepareStarted);
+        store.save_claim(&rec).unwrap();
+        rec.phase = ClaimPhase::PrepareCompleted;
+        store.save_claim(&rec).unwrap();
+        let mut other = record(ClaimPhase::PrepareStarted);
+        other.uid = "second".into();
+        store.save_claim(&other).unwrap();
+        let cp = store.load().unwrap();
+        assert_eq!(cp.claims.len(), 2);
+        assert_eq!(cp.claims["0b1e-uid"], rec);
+        let mut names: Vec<_> = fs::read_dir(store.dir())
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(names, ["checkpoint.json"]);
+        names.sort();
+        assert_eq!(names, ["0b1e-uid.json", "second.json"]);
+    }
+
+    #[test]
+    fn removing_a_claim_forgets_it_and_is_idempotent() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(dir.path());
+        store
+            .save_claim(&record(ClaimPhase::PrepareCompleted))
+            .unwrap();
+        store.remove_claim("0b1e-uid").unwrap();
+        store.remove_claim("0b1e-uid").unwrap();
+        assert!(store.load().unwrap().claims.is_empty());
+    }
+
+    #[test]
+    fn a_torn_temp_file_from_a_crash_is_ignored_and_cleaned_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(dir.path());
+        store
+            .save_claim(&record(ClaimPhase::PrepareCompleted))
+            .unwrap();
+        fs::write(dir.path().join(".other.tmp"), "{\"version\":").unwrap();
+        assert_eq!(store.load().unwrap().claims.len(), 1);
+        assert!(!dir.path().join(".other.tmp").exists());
     }
 
     #[test]
     fn a_corrupt_checkpoint_is_an_error_that_says_what_to_do() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("checkpoint.json");
-        fs::write(&path, "{not json").unwrap();
-        let err = CheckpointStore::new(&path).load().unwrap_err().to_string();
+        fs::write(dir.path().join("x.json"), "{not json").unwrap();
+        let err = CheckpointStore::new(dir.path())
+            .load()
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("move it away"), "{err}");
     }
 
     #[test]
     fn a_checkpoint_of_another_version_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("checkpoint.json");
-        fs::write(
-            &path,
-            r#"{"version":"tessera.dev/checkpoint/v0","claims":{}}"#,
-        )
-        .unwrap();
-        let err = CheckpointStore::new(&path).load().unwrap_err();
+        let claim = serde_json::to_value(record(ClaimPhase::PrepareStarted)).unwrap();
+        let file = serde_json::json!({"version": "tessera.dev/checkpoint/v0", "claim": claim});
+        fs::write(dir.path().join("0b1e-uid.json"), file.to_string()).unwrap();
+        let err = CheckpointStore::new(dir.path()).load().unwrap_err();
         assert!(matches!(err, Error::Version { .. }), "{err}");
     }
 }

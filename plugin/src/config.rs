@@ -65,7 +65,8 @@ pub struct Args {
     #[arg(long, env = "TESSERA_CDI_DIR", default_value = "/var/run/cdi")]
     pub cdi_dir: PathBuf,
 
-    /// Where the plugin keeps its checkpoint; must survive plugin restarts (hostPath).
+    /// Where the plugin keeps its checkpoint (`claims/<uid>.json`); must survive plugin
+    /// restarts (hostPath).
     #[arg(
         long,
         env = "TESSERA_STATE_DIR",

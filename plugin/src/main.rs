@@ -4,8 +4,13 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use k8s_openapi::api::core::v1::Node;
-use kube::{Api, Client, Config, config::KubeConfigOptions};
+use futures::StreamExt;
+use k8s_openapi::api::{core::v1::Node, resource::v1::ResourceClaim};
+use kube::{
+    Api, Client, Config,
+    config::KubeConfigOptions,
+    runtime::{WatchStreamExt, reflector, watcher},
+};
 use tessera_gpu::backend::{GpuBackend, nvml::NvmlBackend, sim::SimBackend};
 use tessera_plugin::{
     cdi::CdiWriter,
@@ -54,16 +59,28 @@ async fn main() -> anyhow::Result<()> {
     let node_uid = node.metadata.uid.unwrap_or_default();
 
     let metrics = Arc::new(Metrics::new());
+    // Prepare reads claims from this watch cache instead of making an API round trip.
+    let (claim_cache, claim_writer) = reflector::store();
+    let claims_api: Api<ResourceClaim> = Api::all(client.clone());
+    tokio::spawn(
+        reflector(
+            claim_writer,
+            watcher(claims_api, watcher::Config::default()),
+        )
+        .default_backoff()
+        .for_each(|_| std::future::ready(())),
+    );
     let driver = Driver::new(DriverConfig {
         client: client.clone(),
         node: args.node_name.clone(),
         driver_name: args.driver_name.clone(),
         backend: backend.clone(),
         hw,
-        store: CheckpointStore::new(args.state_dir.join("checkpoint.json")),
+        store: CheckpointStore::new(args.state_dir.join("claims")),
         cdi: CdiWriter::new(&args.cdi_dir),
         mps_root: args.state_dir.join("mps"),
         metrics: metrics.clone(),
+        claim_cache: Some(claim_cache),
     })?;
     let report = driver
         .recover()

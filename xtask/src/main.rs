@@ -6,6 +6,7 @@
 //! - `cargo xtask crds [--check]`: (re)generate `crds/` from the Rust types.
 //! - `cargo xtask controlplane build|up|env|down`: the local control plane.
 
+mod bench;
 mod controlplane;
 mod crds;
 mod demo;
@@ -29,6 +30,9 @@ enum Command {
     Demo(demo::Args),
     /// Write crds/*.yaml from the Rust types (or, with --check, fail if they are stale).
     Crds(crds::Args),
+    /// Measure the plugin's own overhead (prepare/unprepare latency over the real socket,
+    /// slice publishing) and print the figures.
+    Bench(bench::Args),
     /// Build, start, inspect or stop the local Kubernetes control plane.
     #[command(subcommand)]
     Controlplane(controlplane::Command),
@@ -41,6 +45,7 @@ fn main() -> anyhow::Result<()> {
         Command::Test(args) => test::run(args, &runtime),
         Command::Demo(args) => runtime.block_on(demo::run(args)),
         Command::Crds(args) => crds::run(&args),
+        Command::Bench(args) => bench::run(args, &runtime),
         Command::Controlplane(cmd) => runtime.block_on(controlplane::run(cmd)),
     }
 }

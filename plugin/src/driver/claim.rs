@@ -16,6 +16,21 @@ impl Driver {
     /// Reads the claim the kubelet names and checks it is the same object (UID) and is
     /// allocated, as the Go kubelet-plugin library does before calling a driver.
     pub(crate) async fn read_claim(&self, c: &ClaimRef) -> Result<ResourceClaim, ClaimError> {
+        if let Some(cache) = &self.claim_cache {
+            let key = kube::runtime::reflector::ObjectRef::new(&c.name).within(&c.namespace);
+            if let Some(cached) = cache.get(&key)
+                && cached.metadata.uid.as_deref() == Some(c.uid.as_str())
+                && cached
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.allocation.as_ref())
+                    .is_some()
+            {
+                // An allocation never changes once written (it can only be removed, and
+                // not while the claim is reserved for the pod being started).
+                return Ok((*cached).clone());
+            }
+        }
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &c.namespace);
         let claim = api.get(&c.name).await.map_err(|source| ClaimError::Read {
             claim: format!("{}/{}", c.namespace, c.name),

@@ -111,6 +111,9 @@ pub struct Driver {
     pub(crate) cdi: CdiWriter,
     pub(crate) mps_root: std::path::PathBuf,
     gpu_locks: BTreeMap<u32, Arc<Mutex<()>>>,
+    claim_locks: std::sync::Mutex<std::collections::HashMap<String, Arc<Mutex<()>>>>,
+    pub(crate) claim_cache:
+        Option<kube::runtime::reflector::Store<k8s_openapi::api::resource::v1::ResourceClaim>>,
     changed: watch::Sender<u64>,
     pub(crate) metrics: Arc<Metrics>,
 }
@@ -135,6 +138,11 @@ pub struct DriverConfig {
     pub mps_root: std::path::PathBuf,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// A watch cache of ResourceClaims: prepare reads the claim from it instead of making
+    /// an API round trip, and falls back to a GET when the cache does not have the claim
+    /// (not synced yet, or the allocation not seen yet).
+    pub claim_cache:
+        Option<kube::runtime::reflector::Store<k8s_openapi::api::resource::v1::ResourceClaim>>,
 }
 
 impl Driver {
@@ -159,6 +167,8 @@ impl Driver {
             cdi: cfg.cdi,
             mps_root: cfg.mps_root,
             gpu_locks,
+            claim_locks: std::sync::Mutex::new(std::collections::HashMap::new()),
+            claim_cache: cfg.claim_cache,
             changed,
             metrics: cfg.metrics,
         }))
@@ -183,6 +193,24 @@ impl Driver {
             }
         }
         guards
+    }
+
+    /// Serialises calls for one claim (a kubelet retry while the first call still runs).
+    pub(crate) async fn lock_claim(&self, uid: &str) -> ClaimGuard<'_> {
+        let lock = {
+            let mut map = match self.claim_locks.lock() {
+                Ok(m) => m,
+                Err(p) => p.into_inner(),
+            };
+            map.entry(uid.to_string()).or_default().clone()
+        };
+        let guard = lock.clone().lock_owned().await;
+        ClaimGuard {
+            driver: self,
+            uid: uid.to_string(),
+            lock,
+            guard: Some(guard),
+        }
     }
 
     /// Runs a blocking backend call on the blocking pool.
@@ -286,5 +314,27 @@ impl DraDriver for DriverHandle {
             .collect();
         self.0.notify_changed();
         results
+    }
+}
+
+/// Holds a claim's lock; forgets the lock when nobody else waits for it.
+pub(crate) struct ClaimGuard<'d> {
+    driver: &'d Driver,
+    uid: String,
+    lock: Arc<Mutex<()>>,
+    guard: Option<OwnedMutexGuard<()>>,
+}
+
+impl Drop for ClaimGuard<'_> {
+    fn drop(&mut self) {
+        self.guard.take();
+        let mut map = match self.driver.claim_locks.lock() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        // Two references (the map's and ours) means no other call holds or waits for it.
+        if Arc::strong_count(&self.lock) == 2 {
+            map.remove(&self.uid);
+        }
     }
 }

@@ -47,14 +47,17 @@ impl Driver {
         if let Some(done) = self.completed(&c.uid).await {
             return Ok(done);
         }
-        let claim = self.read_claim(c).await?;
-        let mut devices = self.plan(&claim)?;
-        let gpus: BTreeSet<u32> = devices.iter().map(|d| d.gpu).collect();
-        let _guards = self.lock_gpus(&gpus).await;
-        // A repeated call may have finished while we waited for the locks.
+        let _claim_guard = self.lock_claim(&c.uid).await;
+        // A repeated call may have finished while we waited for the lock.
         if let Some(done) = self.completed(&c.uid).await {
             return Ok(done);
         }
+        let claim = self.read_claim(c).await?;
+        let mut devices = self.plan(&claim)?;
+        let gpus: BTreeSet<u32> = devices.iter().map(|d| d.gpu).collect();
+        // The GPU locks cover checking, recording the intent and the hardware change; the
+        // rest (CDI spec, completion) only concerns this claim, which its own lock covers.
+        let gpu_guards = self.lock_gpus(&gpus).await;
         let half_done = self.checkpoint.lock().await.claims.get(&c.uid).cloned();
         if let Some(rec) = half_done {
             info!(claim = %c, "rolling back an interrupted prepare before retrying it");
@@ -88,6 +91,8 @@ impl Driver {
             }
         }
 
+        drop(gpu_guards);
+
         let cdi_devices: Vec<CdiDevice> =
             devices.iter().map(|d| self.cdi_device(&c.uid, d)).collect();
         for d in &mut devices {
@@ -101,11 +106,20 @@ impl Driver {
         self.save_record(&record).await?;
         info!(claim = %c, devices = ?record.devices.iter().map(|d| d.device.as_str()).collect::<Vec<_>>(), "prepared");
 
-        if let Err(e) = self.write_claim_status(c, &record).await {
-            // The devices are made and the pod can run; the status is informational.
-            warn!(claim = %c, error = %e, "could not record status.devices on the claim");
-            self.metrics.status_write_failures.inc();
-        }
+        // The devices are made and the pod can run: the status is informational, so it is
+        // written off the kubelet's critical path.
+        let (client, driver_name, metrics) = (
+            self.client.clone(),
+            self.driver_name.clone(),
+            self.metrics.clone(),
+        );
+        let (claim, rec) = (c.clone(), record.clone());
+        tokio::spawn(async move {
+            if let Err(e) = write_claim_status(&client, &driver_name, &claim, &rec).await {
+                warn!(claim = %claim, error = %crate::error_chain(&e), "could not record status.devices on the claim");
+                metrics.status_write_failures.inc();
+            }
+        });
         Ok(to_prepared(&record))
     }
 
@@ -119,8 +133,8 @@ impl Driver {
 
     pub(crate) async fn save_record(&self, record: &ClaimRecord) -> Result<(), ClaimError> {
         let mut cp = self.checkpoint.lock().await;
+        self.store.save_claim(record)?;
         cp.claims.insert(record.uid.clone(), record.clone());
-        self.store.save(&cp)?;
         Ok(())
     }
 
@@ -288,51 +302,67 @@ impl Driver {
             container_edits: edits,
         }
     }
+}
 
-    /// Records what was made in `ResourceClaim.status.devices` (KEP-4817).
-    async fn write_claim_status(&self, c: &ClaimRef, rec: &ClaimRecord) -> Result<(), kube::Error> {
-        let devices: Vec<serde_json::Value> = rec
-            .devices
-            .iter()
-            .map(|d| {
-                let data = match &d.kind {
-                    DeviceKind::Mig { profile, start, size, created, .. } => json!({
-                        "type": "mig", "profile": profile,
-                        "placement": {"start": start, "size": size},
-                        "uuid": created.as_ref().map(|m| m.uuid.clone()),
-                        "gpuInstanceId": created.as_ref().map(|m| m.gpu_instance_id),
-                        "computeInstanceId": created.as_ref().map(|m| m.compute_instance_id),
-                    }),
-                    DeviceKind::Mps { uuid, active_thread_percentage, pinned_memory_limit_mib } => json!({
-                        "type": "mps", "uuid": uuid,
-                        "activeThreadPercentage": active_thread_percentage,
-                        "pinnedMemoryLimitMiB": pinned_memory_limit_mib,
-                    }),
-                    DeviceKind::Gpu { uuid } => json!({"type": "gpu", "uuid": uuid}),
-                    DeviceKind::TimeSlice { uuid } => json!({"type": "timeslice", "uuid": uuid}),
-                };
-                let mut v = json!({"driver": self.driver_name, "pool": d.pool, "device": d.device, "data": data});
-                if let Some(s) = &d.share_id {
-                    v["shareID"] = json!(s);
-                }
-                v
-            })
-            .collect();
-        let patch = json!({
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": c.name, "namespace": c.namespace},
-            "status": {"devices": devices},
-        });
-        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &c.namespace);
-        api.patch_status(
-            &c.name,
-            &PatchParams::apply(PLUGIN_FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await
-        .map(|_| ())
-    }
+/// Records what was made in `ResourceClaim.status.devices` (KEP-4817).
+async fn write_claim_status(
+    client: &kube::Client,
+    driver_name: &str,
+    c: &ClaimRef,
+    rec: &ClaimRecord,
+) -> Result<(), kube::Error> {
+    let devices: Vec<serde_json::Value> = rec
+        .devices
+        .iter()
+        .map(|d| {
+            let data = match &d.kind {
+                DeviceKind::Mig {
+                    profile,
+                    start,
+                    size,
+                    created,
+                    ..
+                } => json!({
+                    "type": "mig", "profile": profile,
+                    "placement": {"start": start, "size": size},
+                    "uuid": created.as_ref().map(|m| m.uuid.clone()),
+                    "gpuInstanceId": created.as_ref().map(|m| m.gpu_instance_id),
+                    "computeInstanceId": created.as_ref().map(|m| m.compute_instance_id),
+                }),
+                DeviceKind::Mps {
+                    uuid,
+                    active_thread_percentage,
+                    pinned_memory_limit_mib,
+                } => json!({
+                    "type": "mps", "uuid": uuid,
+                    "activeThreadPercentage": active_thread_percentage,
+                    "pinnedMemoryLimitMiB": pinned_memory_limit_mib,
+                }),
+                DeviceKind::Gpu { uuid } => json!({"type": "gpu", "uuid": uuid}),
+                DeviceKind::TimeSlice { uuid } => json!({"type": "timeslice", "uuid": uuid}),
+            };
+            let mut v =
+                json!({"driver": driver_name, "pool": d.pool, "device": d.device, "data": data});
+            if let Some(s) = &d.share_id {
+                v["shareID"] = json!(s);
+            }
+            v
+        })
+        .collect();
+    let patch = json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": c.name, "namespace": c.namespace},
+        "status": {"devices": devices},
+    });
+    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &c.namespace);
+    api.patch_status(
+        &c.name,
+        &PatchParams::apply(PLUGIN_FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map(|_| ())
 }
 
 /// Puts a GPU in the MIG mode a device needs. Reset-less GPUs (Hopper and newer) switch at

@@ -14,6 +14,7 @@ use crate::{
 impl Driver {
     /// Unprepares one claim; a claim we never prepared (or already unprepared) is fine.
     pub(crate) async fn unprepare_claim(&self, c: &ClaimRef) -> Result<(), ClaimError> {
+        let _claim_guard = self.lock_claim(&c.uid).await;
         let Some(rec) = self.checkpoint.lock().await.claims.get(&c.uid).cloned() else {
             return Ok(());
         };
@@ -87,8 +88,8 @@ impl Driver {
             return Err(e.into());
         }
         let mut cp = self.checkpoint.lock().await;
+        self.store.remove_claim(&rec.uid)?;
         cp.claims.remove(&rec.uid);
-        self.store.save(&cp)?;
         Ok(())
     }
 }

@@ -78,15 +78,43 @@ impl Publisher {
     }
 
     /// Makes the API server hold exactly `desired`. Cheap when nothing changed.
+    ///
+    /// When exactly one slice changed (a prepare on one GPU whose position did not move) it
+    /// is updated in place under the same pool generation, as the Go controller does; any
+    /// other change writes every slice under a new generation, so the scheduler never
+    /// mixes old and new slices. Slices are written concurrently: the cost of a publish is
+    /// the API server's, one round trip per slice.
     pub async fn publish(&mut self, desired: &DesiredPool) -> Result<Outcome, Error> {
-        if let Some((last, generation)) = &self.last
-            && last == desired
-        {
-            return Ok(Outcome {
-                generation: *generation,
-                changed: false,
-                dropped_fields: vec![],
-            });
+        if let Some((last, generation)) = &self.last {
+            if last == desired {
+                return Ok(Outcome {
+                    generation: *generation,
+                    changed: false,
+                    dropped_fields: vec![],
+                });
+            }
+            let generation = *generation;
+            let before = self.render(last, generation);
+            let after = self.render(desired, generation);
+            let same_names = before
+                .iter()
+                .map(ResourceExt::name_any)
+                .eq(after.iter().map(ResourceExt::name_any));
+            let changed: Vec<&ResourceSlice> = after
+                .iter()
+                .zip(&before)
+                .filter(|(a, b)| a.spec != b.spec)
+                .map(|(a, _)| a)
+                .collect();
+            if same_names && changed.len() == 1 {
+                let dropped = self.apply_all(&changed).await?;
+                self.last = Some((desired.clone(), generation));
+                return Ok(Outcome {
+                    generation,
+                    changed: true,
+                    dropped_fields: dropped,
+                });
+            }
         }
         let existing = self
             .api
@@ -108,21 +136,7 @@ impl Publisher {
             .unwrap_or(0)
             + 1;
         let slices = self.render(desired, generation);
-        let pp = PatchParams::apply(PLUGIN_FIELD_MANAGER).force();
-        let mut dropped = Vec::new();
-        for slice in &slices {
-            let name = slice.name_any();
-            let stored = self
-                .api
-                .patch(&name, &pp, &Patch::Apply(slice))
-                .await
-                .map_err(|source| Error::Kube {
-                    action: "applying",
-                    name: name.clone(),
-                    source,
-                })?;
-            dropped.extend(dropped_fields(slice, &stored));
-        }
+        let mut dropped = self.apply_all(&slices.iter().collect::<Vec<_>>()).await?;
         let keep: BTreeSet<String> = slices.iter().map(ResourceExt::name_any).collect();
         for old in existing.items {
             let name = old.name_any();
@@ -155,6 +169,30 @@ impl Publisher {
             changed: true,
             dropped_fields: dropped,
         })
+    }
+
+    /// Server-side applies the slices concurrently; returns the fields the API server
+    /// dropped.
+    async fn apply_all(&self, slices: &[&ResourceSlice]) -> Result<Vec<String>, Error> {
+        let pp = PatchParams::apply(PLUGIN_FIELD_MANAGER).force();
+        let writes = slices.iter().map(|slice| {
+            let pp = pp.clone();
+            async move {
+                let name = slice.name_any();
+                let stored = self
+                    .api
+                    .patch(&name, &pp, &Patch::Apply(*slice))
+                    .await
+                    .map_err(|source| Error::Kube {
+                        action: "applying",
+                        name,
+                        source,
+                    })?;
+                Ok::<_, Error>(dropped_fields(slice, &stored))
+            }
+        });
+        let dropped = futures::future::try_join_all(writes).await?;
+        Ok(dropped.into_iter().flatten().collect())
     }
 
     /// Forgets what was published, so the next `publish` writes again (after the kubelet

@@ -1,0 +1,122 @@
+//! `cargo xtask bench`: the plugin's own overhead (prepare/unprepare latency over the real
+//! socket, slice building and publishing), measured on a fresh control plane and printed.
+//!
+//! It builds what it needs, then runs the measurement in a child process of the profile
+//! measured (`target/<profile>/xtask bench --skip-build`) with `TESSERA_PLUGIN_BIN` and the
+//! control plane binaries in its environment: the test bed finds them there, and setting
+//! them in this process would need `unsafe` (`std::env::set_var`). The child being of the
+//! same profile as the plugin also makes the in-process figures (slice build, publisher)
+//! comparable to the plugin's.
+
+use std::{path::PathBuf, process::Command};
+
+use anyhow::{Context, bail};
+use tessera_e2e::{K8sVersion, bench};
+
+use crate::{
+    controlplane,
+    steps::{cargo, repo_root, timed},
+};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Claims prepared and unprepared in each phase (sequential, then concurrent).
+    #[arg(long, default_value_t = 1000)]
+    pub claims: usize,
+    /// Calls in flight in the concurrent phase.
+    #[arg(long, default_value_t = 16)]
+    pub in_flight: usize,
+    /// Also write the figures as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Measure a release build of the plugin (and of the bench itself).
+    #[arg(long)]
+    pub release: bool,
+    /// Kubernetes release (default: newest 1.37 release served).
+    #[arg(long, env = "TESSERA_K8S_VERSION")]
+    pub version: Option<K8sVersion>,
+    /// Internal: run the measurement in this process with what the environment names
+    /// (`TESSERA_PLUGIN_BIN`, `TESSERA_K8S_BIN_DIR`); the parent `bench` sets them.
+    #[arg(long, hide = true)]
+    pub skip_build: bool,
+}
+
+pub fn run(args: Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
+    if args.skip_build {
+        return measure(&args, rt);
+    }
+    let profile = if args.release { "release" } else { "debug" };
+    let mut build = vec!["build", "-p", "tessera-plugin", "--bins"];
+    if args.release {
+        // The child that measures is the release xtask, so build it too.
+        build.extend(["-p", "xtask", "--release"]);
+    }
+    timed(&format!("cargo {}", build.join(" ")), || cargo(&build, &[]))?;
+    let bins = controlplane::build(args.version)?;
+
+    let target = target_dir()?.join(profile);
+    let plugin = target.join("tessera-plugin");
+    let child = if args.release {
+        target.join("xtask")
+    } else {
+        std::env::current_exe().context("locating this xtask binary")?
+    };
+    let mut cmd = Command::new(&child);
+    cmd.arg("bench")
+        .args(["--claims", &args.claims.to_string()])
+        .args(["--in-flight", &args.in_flight.to_string()])
+        .arg("--skip-build")
+        .env("TESSERA_PLUGIN_BIN", &plugin)
+        .env("TESSERA_K8S_VERSION", bins.version.to_string())
+        .env("TESSERA_K8S_BIN_DIR", &bins.dir);
+    if let Some(json) = &args.json {
+        cmd.arg("--json").arg(json);
+    }
+    println!(
+        "\n==> measuring the {profile} plugin ({}) on Kubernetes {}",
+        plugin.display(),
+        bins.version
+    );
+    let status = cmd
+        .status()
+        .with_context(|| format!("running {}", child.display()))?;
+    if !status.success() {
+        bail!("the benchmark failed ({status})");
+    }
+    Ok(())
+}
+
+/// The measurement proper, in this process.
+fn measure(args: &Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
+    let opts = bench::Options {
+        claims: args.claims,
+        in_flight: args.in_flight,
+        ..bench::Options::default()
+    };
+    let started = std::time::Instant::now();
+    let progress = |line: &str| println!("    [{:>6.1}s] {line}", started.elapsed().as_secs_f64());
+    let report = rt.block_on(bench::plugin_overhead(&opts, &progress))?;
+    println!("\n{report}");
+    // Figures, not a test: a missed target is reported, and the command still succeeds.
+    if report.all_targets_met() {
+        println!("every target met");
+    } else {
+        println!("some targets MISSED (see the table)");
+    }
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+        println!("figures written to {}", path.display());
+    }
+    Ok(())
+}
+
+/// Cargo's target directory: `$CARGO_TARGET_DIR` (relative to the workspace root, as
+/// cargo reads it), else `<workspace>/target`.
+fn target_dir() -> anyhow::Result<PathBuf> {
+    let root = repo_root()?;
+    Ok(match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => root.join(dir),
+        None => root.join("target"),
+    })
+}
