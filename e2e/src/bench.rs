@@ -538,25 +538,32 @@ async fn check_prepared(
             cdi_spec(node, c).display()
         );
     }
+    // status.devices is written off the kubelet's path: give the writes time to land.
     let api: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
-    let listed = api.list(&ListParams::default()).await?;
-    let with_status = listed
-        .items
-        .iter()
-        .filter(|c| {
-            c.status
-                .as_ref()
-                .and_then(|s| s.devices.as_ref())
-                .is_some_and(|d| d.iter().any(|d| d.device == MPS_DEVICE))
-        })
-        .count();
-    ensure!(
-        with_status == claims.len(),
-        "only {with_status} of {} claims have status.devices written by the plugin (see its log: {})",
-        claims.len(),
-        node.log_path().display()
-    );
-    Ok(())
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let listed = api.list(&ListParams::default()).await?;
+        let with_status = listed
+            .items
+            .iter()
+            .filter(|c| {
+                c.status
+                    .as_ref()
+                    .and_then(|s| s.devices.as_ref())
+                    .is_some_and(|d| d.iter().any(|d| d.device == MPS_DEVICE))
+            })
+            .count();
+        if with_status == claims.len() {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "only {with_status} of {} claims have status.devices written by the plugin (see its log: {})",
+            claims.len(),
+            node.log_path().display()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
 }
 
 /// Every claim's CDI spec is gone again.
@@ -684,6 +691,7 @@ impl H100x8 {
                 architecture: model.architecture,
                 compute_capability: "9.0".into(),
                 pci_bus_id: format!("00000000:{:02x}:00.0", 0x18 + index),
+                minor_number: None,
                 mig_capable: true,
                 mig_enabled: true,
                 mig_pending: true,

@@ -203,7 +203,9 @@ async fn run(client: Client, node: String, registry_dir: PathBuf, state: Arc<Mut
         // (Re-)register when the registration socket appears or is replaced.
         let inode = find_registration_socket(&registry_dir).and_then(|p| {
             use std::os::unix::fs::MetadataExt;
-            std::fs::metadata(p).ok().map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
+            std::fs::metadata(p)
+                .ok()
+                .map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
         });
         if inode.is_some()
             && inode != registered_socket_inode

@@ -524,6 +524,15 @@ async fn bad_claims_get_per_claim_errors_and_do_not_fail_the_good_one() {
         1,
         "only the good claim made an instance"
     );
+    // The last line of defence behind the scheduler: a device prepared for one claim is
+    // refused to another.
+    let twin = make("twin", "gpu.tessera.dev", "gpu-0-mig-1g-10gb-6").await;
+    let res_twin = dra.prepare(vec![twin.clone()]).await.unwrap();
+    let twin_err = res_twin[&twin.uid].clone().unwrap_err();
+    assert!(
+        twin_err.contains("already prepared for claim workloads/good"),
+        "{twin_err}"
+    );
     // Repeating the call returns the same answer without touching the hardware again.
     let again = dra.prepare(vec![good.clone()]).await.unwrap();
     assert_eq!(again[&good.uid].as_ref().unwrap(), devices);

@@ -65,6 +65,11 @@ pub struct Args {
     #[arg(long, env = "TESSERA_CDI_DIR", default_value = "/var/run/cdi")]
     pub cdi_dir: PathBuf,
 
+    /// Where the NVIDIA driver publishes MIG capabilities (the minors of
+    /// `/dev/nvidia-caps/nvidia-cap<N>` a MIG device's container needs).
+    #[arg(long, env = "TESSERA_NVIDIA_CAPS_ROOT", default_value = crate::devnodes::DEFAULT_CAPS_ROOT)]
+    pub nvidia_caps_root: PathBuf,
+
     /// Where the plugin keeps its checkpoint (`claims/<uid>.json`); must survive plugin
     /// restarts (hostPath).
     #[arg(

@@ -12,6 +12,7 @@
 pub mod cdi;
 pub mod checkpoint;
 pub mod config;
+pub mod devnodes;
 pub mod driver;
 pub mod http;
 pub mod kubelet;

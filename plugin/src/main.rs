@@ -79,6 +79,7 @@ async fn main() -> anyhow::Result<()> {
         store: CheckpointStore::new(args.state_dir.join("claims")),
         cdi: CdiWriter::new(&args.cdi_dir),
         mps_root: args.state_dir.join("mps"),
+        caps_root: args.nvidia_caps_root.clone(),
         metrics: metrics.clone(),
         claim_cache: Some(claim_cache),
     })?;

@@ -361,6 +361,7 @@ mod tests {
             architecture: m.architecture,
             compute_capability: format!("{}.{}", m.compute_capability.0, m.compute_capability.1),
             pci_bus_id: format!("00000000:00:{:02x}.0", 6 + index),
+            minor_number: None,
             mig_capable: m.mig.is_some(),
             mig_enabled: m.mig.is_some(),
             mig_pending: m.mig.is_some(),

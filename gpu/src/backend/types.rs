@@ -24,6 +24,9 @@ pub struct GpuInfo {
     pub architecture: Architecture,
     /// CUDA compute capability as `major.minor`.
     pub compute_capability: String,
+    /// Device minor number (`/dev/nvidia<minor>`), when known.
+    #[serde(default)]
+    pub minor_number: Option<u32>,
     /// PCI bus id, e.g. `00000000:00:06.0`.
     pub pci_bus_id: String,
     /// Whether the GPU can do MIG.

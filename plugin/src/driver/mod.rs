@@ -110,6 +110,7 @@ pub struct Driver {
     pub(crate) checkpoint: Mutex<Checkpoint>,
     pub(crate) cdi: CdiWriter,
     pub(crate) mps_root: std::path::PathBuf,
+    pub(crate) caps_root: std::path::PathBuf,
     gpu_locks: BTreeMap<u32, Arc<Mutex<()>>>,
     claim_locks: std::sync::Mutex<std::collections::HashMap<String, Arc<Mutex<()>>>>,
     pub(crate) claim_cache:
@@ -136,6 +137,8 @@ pub struct DriverConfig {
     pub cdi: CdiWriter,
     /// Where per-GPU MPS pipe and log directories live.
     pub mps_root: std::path::PathBuf,
+    /// Where the driver publishes MIG capabilities (see [`crate::devnodes`]).
+    pub caps_root: std::path::PathBuf,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// A watch cache of ResourceClaims: prepare reads the claim from it instead of making
@@ -166,6 +169,7 @@ impl Driver {
             checkpoint: Mutex::new(checkpoint),
             cdi: cfg.cdi,
             mps_root: cfg.mps_root,
+            caps_root: cfg.caps_root,
             gpu_locks,
             claim_locks: std::sync::Mutex::new(std::collections::HashMap::new()),
             claim_cache: cfg.claim_cache,

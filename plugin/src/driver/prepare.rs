@@ -17,8 +17,9 @@ use tracing::{info, warn};
 
 use super::{ClaimError, Driver};
 use crate::{
-    cdi::{self, CdiDevice, ContainerEdits, Mount},
+    cdi::{self, CdiDevice, ContainerEdits, DeviceNode, Mount},
     checkpoint::{ClaimPhase, ClaimRecord, DeviceKind, DeviceRecord, MigIdentity},
+    devnodes,
     kubelet::{ClaimRef, PreparedDevice},
 };
 
@@ -93,8 +94,10 @@ impl Driver {
 
         drop(gpu_guards);
 
-        let cdi_devices: Vec<CdiDevice> =
-            devices.iter().map(|d| self.cdi_device(&c.uid, d)).collect();
+        let cdi_devices: Vec<CdiDevice> = devices
+            .iter()
+            .map(|d| self.cdi_device(&c.uid, d))
+            .collect::<Result<_, _>>()?;
         for d in &mut devices {
             d.cdi_device_ids = vec![cdi::qualified_id(&c.uid, &d.device)];
         }
@@ -243,8 +246,18 @@ impl Driver {
     }
 
     /// The container edits of one device.
-    fn cdi_device(&self, uid: &str, d: &DeviceRecord) -> CdiDevice {
+    fn cdi_device(&self, uid: &str, d: &DeviceRecord) -> Result<CdiDevice, ClaimError> {
         let mut edits = ContainerEdits::default();
+        let minor = self.hw.gpu(d.gpu).and_then(|g| g.minor_number);
+        let node = |path: String| DeviceNode {
+            path,
+            host_path: None,
+        };
+        if let (Some(minor), false) = (minor, matches!(d.kind, DeviceKind::Mig { .. })) {
+            edits
+                .device_nodes
+                .extend(devnodes::gpu_nodes(minor).into_iter().map(node));
+        }
         match &d.kind {
             DeviceKind::Gpu { uuid } | DeviceKind::TimeSlice { uuid } => {
                 edits.env.push(format!("NVIDIA_VISIBLE_DEVICES={uuid}"));
@@ -258,6 +271,23 @@ impl Driver {
             } => {
                 if let Some(m) = created {
                     edits.env.push(format!("NVIDIA_VISIBLE_DEVICES={}", m.uuid));
+                    if let Some(minor) = minor {
+                        match devnodes::mig_nodes(
+                            &self.caps_root,
+                            minor,
+                            m.gpu_instance_id,
+                            m.compute_instance_id,
+                        ) {
+                            Ok(nodes) => edits.device_nodes.extend(nodes.into_iter().map(node)),
+                            // The simulated backend has no driver publishing capabilities.
+                            Err(_) if self.backend.kind() == "sim" => {}
+                            Err(e) => {
+                                return Err(ClaimError::Internal(format!(
+                                    "the MIG device's capability device nodes are unknown ({e}); the container could not use it"
+                                )));
+                            }
+                        }
+                    }
                 }
                 edits.env.push(format!("TESSERA_MIG_PROFILE={profile}"));
                 edits
@@ -297,10 +327,10 @@ impl Driver {
                 });
             }
         }
-        CdiDevice {
+        Ok(CdiDevice {
             name: cdi::device_name(uid, &d.device),
             container_edits: edits,
-        }
+        })
     }
 }
 

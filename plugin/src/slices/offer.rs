@@ -188,6 +188,7 @@ mod tests {
             architecture: m.architecture,
             compute_capability: format!("{}.{}", m.compute_capability.0, m.compute_capability.1),
             pci_bus_id: String::new(),
+            minor_number: None,
             mig_capable: m.mig.is_some(),
             mig_enabled: false,
             mig_pending: false,

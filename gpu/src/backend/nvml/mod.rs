@@ -182,6 +182,7 @@ impl NvmlBackend {
                 .unwrap_or(Architecture::Unknown),
             compute_capability: format!("{}.{}", cc.major, cc.minor),
             pci_bus_id: dev.pci_info().map_err(map_nvml)?.bus_id,
+            minor_number: dev.minor_number().ok(),
             mig_capable: mig.is_some(),
             mig_enabled: mig.as_ref().is_some_and(|m| m.current == 1),
 

@@ -506,6 +506,8 @@ impl GpuBackend for SimBackend {
                             m.compute_capability.0, m.compute_capability.1
                         ),
                         pci_bus_id: g.pci_bus_id.clone(),
+                        // The simulated node numbers its device files like its indices.
+                        minor_number: Some(g.index),
                         mig_capable: m.mig.is_some(),
                         mig_enabled: g.mig_enabled,
                         mig_pending: g.mig_pending,
