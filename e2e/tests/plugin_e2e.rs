@@ -318,7 +318,6 @@ async fn mig_mps_and_whole_gpu_pods_run_and_deleting_them_destroys_what_was_made
         ("l4-node".to_string(), "gpu-0".to_string())
     );
 
-    let gen_before = slice_generation(&client, "h100-node").await;
     for name in ["mig-1g", "mig-3g", "mig-7g", "mps", "whole"] {
         delete_pod(&client, name).await;
     }
@@ -337,10 +336,42 @@ async fn mig_mps_and_whole_gpu_pods_run_and_deleting_them_destroys_what_was_made
         0,
         "CDI specs removed"
     );
-    assert!(
-        slice_generation(&client, "h100-node").await > gen_before,
-        "slices were republished"
-    );
+    // Republished to match the freed hardware: GPU 0 is offered first again, with its
+    // placements in the order of an empty GPU (the order follows occupancy).
+    let layout = tessera_gpu::find_model("h100-80gb")
+        .unwrap()
+        .mig
+        .clone()
+        .unwrap();
+    let mut expected: Vec<String> =
+        tessera_gpu::order::publishing_order(&layout, &tessera_gpu::Occupancy::new())
+            .into_iter()
+            .map(|p| {
+                let profile = layout.profile(p.profile_id).unwrap();
+                tessera_gpu::naming::mig_device_name(0, &profile.name, p.start).unwrap()
+            })
+            .collect();
+    expected.push("gpu-0".into());
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let first = slices.get("h100-node-gpu.tessera.dev-00").await.unwrap();
+        let names: Vec<String> = first
+            .spec
+            .devices
+            .unwrap_or_default()
+            .into_iter()
+            .map(|d| d.name)
+            .collect();
+        if names == expected {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "slices were not republished for the freed GPUs: {names:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 #[tokio::test]

@@ -1,7 +1,7 @@
 //! Tessera's GPU hardware model.
 //!
 //! Everything the plugin, operator and simulator need to know about a GPU: the catalogue
-//! of models and MIG profiles ([`catalog`]), per-GPU occupancy and placement rules
+//! of models and MIG profiles ([`catalog`](mod@catalog)), per-GPU occupancy and placement rules
 //! ([`geometry`]), the DRA counter scheme that mirrors those rules exactly ([`counters`]),
 //! ResourceSlice device names ([`naming`]), the placement order that fights
 //! fragmentation ([`order`]), MPS client settings ([`mps`]) and the [`backend::GpuBackend`]

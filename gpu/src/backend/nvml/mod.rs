@@ -2,7 +2,7 @@
 //!
 //! - nvml-wrapper for enumeration, MIG mode and compute mode; the MIG calls it does not
 //!   wrap (profiles by index with names, possible placements, GPU/compute instances)
-//!   through its `-sys` function table in [`raw`].
+//!   through its `-sys` function table in the private `raw` module.
 //! - One `Nvml` handle for the process, all calls serialised by a mutex (concurrent NVML
 //!   handle lookups are slow, `gpu-hardware.md` §5.2).
 //! - Everything read from the driver: profiles, placements, memory. The catalogue is

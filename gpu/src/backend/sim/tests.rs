@@ -3,7 +3,11 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::counters::{CounterScheme, counters_accept};
+use crate::{
+    backend::HealthEventKind,
+    counters::{CounterScheme, counters_accept},
+    geometry::{Placement, PlacementError},
+};
 
 fn inv(yaml: &str) -> Inventory {
     Inventory::from_yaml(yaml).unwrap()

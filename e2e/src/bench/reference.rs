@@ -1,0 +1,102 @@
+//! Reference figures, measured alone, to read the plugin's latency against: the two API
+//! round trips of a prepare and the checkpoint's durable disk write.
+
+use std::{path::Path, time::Instant};
+
+use anyhow::Context;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+};
+use serde_json::json;
+use tessera_api::constants::{DRIVER_NAME, PLUGIN_FIELD_MANAGER};
+use tessera_plugin::kubelet::ClaimRef;
+
+use super::{CLAIM_NODE, MPS_DEVICE, Metric, NS};
+
+/// Reference: one GET of a claim from this process, the first of the two API round trips
+/// of a prepare (reading the claim).
+pub(super) async fn api_round_trip(
+    client: &Client,
+    claim: &ClaimRef,
+    rounds: usize,
+) -> anyhow::Result<Metric> {
+    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+    let mut samples = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let started = Instant::now();
+        api.get(&claim.name).await?;
+        samples.push(started.elapsed());
+    }
+    Ok(Metric::new(
+        "ref: GET claim (API round trip)",
+        &samples,
+        None,
+    ))
+}
+
+/// Reference: the other API round trip of a prepare, the server-side apply of the claim's
+/// `status.devices` as the plugin's field manager. The share alternates between two values
+/// so that every apply really changes the object, as the plugin's first write does.
+pub(super) async fn api_status_write(
+    client: &Client,
+    claim: &ClaimRef,
+    rounds: usize,
+) -> anyhow::Result<Metric> {
+    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+    let pp = PatchParams::apply(PLUGIN_FIELD_MANAGER).force();
+    // A status entry must name an allocated device, share ID included.
+    let share_id = api
+        .get(&claim.name)
+        .await?
+        .status
+        .and_then(|s| s.allocation?.devices?.results?.into_iter().next()?.share_id)
+        .with_context(|| format!("{claim} has no allocated share"))?;
+    let mut samples = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let patch = json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": claim.name, "namespace": NS},
+            "status": {"devices": [{"driver": DRIVER_NAME, "pool": CLAIM_NODE, "device": MPS_DEVICE,
+                "shareID": share_id, "data": {"type": "mps", "activeThreadPercentage": 1 + round % 2}}]}
+        });
+        let started = Instant::now();
+        api.patch_status(&claim.name, &pp, &Patch::Apply(&patch))
+            .await
+            .with_context(|| format!("applying the status of {claim}"))?;
+        samples.push(started.elapsed());
+    }
+    Ok(Metric::new(
+        "ref: apply claim status (API write)",
+        &samples,
+        None,
+    ))
+}
+
+/// Reference: writing one claim's checkpoint file as the checkpoint store does (temp file,
+/// fsync, rename, fsync the directory) on the same file system. The plugin does this twice
+/// per prepare (plus the CDI spec).
+pub(super) fn durable_write(dir: &Path, bytes: u64, rounds: usize) -> anyhow::Result<Metric> {
+    use std::io::Write;
+    let data = vec![b'x'; usize::try_from(bytes).unwrap_or(0).max(1)];
+    let path = dir.join("bench-durable-write.json");
+    let tmp = dir.join("bench-durable-write.json.tmp");
+    let mut samples = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let started = Instant::now();
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&data)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, &path)?;
+        std::fs::File::open(dir)?.sync_all()?;
+        samples.push(started.elapsed());
+    }
+    std::fs::remove_file(&path)?;
+    Ok(Metric::new(
+        &format!("ref: write+fsync {bytes} B"),
+        &samples,
+        None,
+    ))
+}

@@ -1,0 +1,321 @@
+//! Unit tests of `slices::offer`: which offer each GPU gets from the operator's
+//! `GpuNode.spec` or the plugin's default strategy.
+
+use serde_json::json;
+use tessera_gpu::{backend::ComputeMode, find_model};
+
+use super::*;
+
+const H100_UUID: &str = "GPU-00000000-1b2c-3d4e-5f60-718293a4b5c6";
+
+fn h100() -> &'static MigLayout {
+    find_model("h100-80gb").unwrap().mig.as_ref().unwrap()
+}
+
+fn gpu(model: &str, index: u32, uuid: &str) -> GpuInfo {
+    let m = find_model(model).unwrap();
+    GpuInfo {
+        index,
+        uuid: uuid.into(),
+        product_name: m.product_names[0].clone(),
+        model: Some(m.id.clone()),
+        memory_mib: m.memory_mib,
+        architecture: m.architecture,
+        compute_capability: format!("{}.{}", m.compute_capability.0, m.compute_capability.1),
+        pci_bus_id: String::new(),
+        minor_number: None,
+        mig_capable: m.mig.is_some(),
+        mig_enabled: false,
+        mig_pending: false,
+        compute_mode: ComputeMode::Default,
+        driver_version: None,
+    }
+}
+
+/// GPU 0: an H100; GPU 1: an L4.
+fn node() -> Vec<GpuInfo> {
+    vec![
+        gpu("h100-80gb", 0, H100_UUID),
+        gpu("l4", 1, "GPU-11111111-1b2c-3d4e-5f60-718293a4b5c6"),
+    ]
+}
+
+/// The layout lookup the node loop uses: by model, None without MIG.
+fn layout<'a>(g: &GpuInfo) -> Option<&'a MigLayout> {
+    g.mig_capable.then(h100)
+}
+
+/// A `GpuNodeSpec` written as the operator's YAML would be.
+fn spec(gpus: serde_json::Value) -> GpuNodeSpec {
+    serde_json::from_value(json!({ "gpus": gpus })).expect("a valid GpuNodeSpec")
+}
+
+fn resolve(spec: Option<&GpuNodeSpec>) -> (Vec<GpuOffer>, Vec<String>) {
+    resolve_with(spec, DefaultStrategy::DynamicMig)
+}
+
+fn resolve_with(
+    spec: Option<&GpuNodeSpec>,
+    default: DefaultStrategy,
+) -> (Vec<GpuOffer>, Vec<String>) {
+    let gpus = node();
+    resolve_offers(&gpus, layout, spec, default)
+}
+
+fn dynamic(ids: &[u32]) -> GpuOffer {
+    GpuOffer::DynamicMig {
+        allowed_profile_ids: ids.to_vec(),
+    }
+}
+
+#[test]
+fn without_a_spec_mig_gpus_default_to_dynamic_mig_and_others_to_exclusive() {
+    let (offers, warnings) = resolve(None);
+    assert_eq!(offers, [dynamic(&[]), GpuOffer::Exclusive]);
+    assert!(warnings.is_empty(), "{warnings:?}");
+}
+
+#[test]
+fn an_empty_spec_keeps_the_default() {
+    let (offers, warnings) = resolve(Some(&GpuNodeSpec::default()));
+    assert_eq!(offers, [dynamic(&[]), GpuOffer::Exclusive]);
+    assert!(warnings.is_empty(), "{warnings:?}");
+}
+
+#[test]
+fn the_exclusive_default_offers_every_gpu_whole() {
+    let (offers, warnings) = resolve_with(None, DefaultStrategy::Exclusive);
+    assert_eq!(offers, [GpuOffer::Exclusive, GpuOffer::Exclusive]);
+    assert!(warnings.is_empty());
+}
+
+#[test]
+fn allowed_profile_names_map_to_profile_ids() {
+    let s = spec(json!([{
+        "index": 0,
+        "strategy": "MIG",
+        "mig": { "allowedProfiles": ["3g.40gb", "1g.10gb+me", "1g.10gb"] }
+    }]));
+    let (offers, warnings) = resolve(Some(&s));
+    // 3g.40gb = 9, 1g.10gb+me = 20 (not its plain sibling's 19), 1g.10gb = 19.
+    assert_eq!(offers[0], dynamic(&[9, 20, 19]));
+    assert_eq!(offers[1], GpuOffer::Exclusive, "GPU 1 is not in the spec");
+    assert!(warnings.is_empty(), "{warnings:?}");
+}
+
+#[test]
+fn a_mig_entry_without_settings_offers_every_profile() {
+    let s = spec(json!([{ "index": 0, "strategy": "MIG" }]));
+    let (offers, warnings) = resolve(Some(&s));
+    assert_eq!(offers[0], dynamic(&[]));
+    assert!(warnings.is_empty(), "{warnings:?}");
+}
+
+#[test]
+fn unknown_profile_names_are_skipped_with_a_warning() {
+    let s = spec(json!([{
+        "index": 0,
+        "strategy": "MIG",
+        "mig": { "allowedProfiles": ["3g.40gb", "1g.18gb"] }
+    }]));
+    let (offers, warnings) = resolve(Some(&s));
+    assert_eq!(offers[0], dynamic(&[9]));
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("GPU 0"), "{}", warnings[0]);
+    assert!(warnings[0].contains("1g.18gb"), "{}", warnings[0]);
+    assert!(
+        warnings[0].contains("3g.40gb"),
+        "the warning lists the known profiles: {}",
+        warnings[0]
+    );
+}
+
+#[test]
+fn only_unknown_profile_names_fall_back_to_exclusive() {
+    let s = spec(json!([{
+        "index": 0,
+        "strategy": "MIG",
+        "mig": { "allowedProfiles": ["1g.18gb", "7g.141gb"] }
+    }]));
+    let (offers, warnings) = resolve(Some(&s));
+    assert_eq!(
+        offers[0],
+        GpuOffer::Exclusive,
+        "never every profile, never none"
+    );
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+}
+
+#[test]
+fn mig_on_a_gpu_without_mig_falls_back_to_exclusive_with_a_warning() {
+    let s = spec(json!([{ "index": 1, "strategy": "MIG" }]));
+    let (offers, warnings) = resolve(Some(&s));
+    assert_eq!(offers[1], GpuOffer::Exclusive);
+    assert_eq!(offers[0], dynamic(&[]), "GPU 0 keeps the default");
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("GPU 1"), "{}", warnings[0]);
+    assert!(warnings[0].contains("NVIDIA L4"), "{}", warnings[0]);
+    assert!(warnings[0].contains("MIG"), "{}", warnings[0]);
+}
+
+#[test]
+fn a_spec_entry_for_another_gpus_uuid_is_ignored() {
+    let other = spec(json!([{
+        "index": 0,
+        "uuid": "GPU-ffffffff-0000-0000-0000-000000000000",
+        "strategy": "Exclusive"
+    }]));
+    let (offers, _) = resolve(Some(&other));
+    assert_eq!(offers[0], dynamic(&[]), "the entry names another GPU");
+
+    let same = spec(json!([{ "index": 0, "uuid": H100_UUID, "strategy": "Exclusive" }]));
+    let (offers, _) = resolve(Some(&same));
+    assert_eq!(offers[0], GpuOffer::Exclusive, "the entry names this GPU");
+}
+
+#[test]
+fn a_spec_entry_applies_only_to_its_index() {
+    let s = spec(json!([{ "index": 7, "strategy": "Exclusive" }]));
+    let (offers, _) = resolve(Some(&s));
+    assert_eq!(offers, [dynamic(&[]), GpuOffer::Exclusive]);
+}
+
+#[test]
+fn mps_defaults_split_the_gpu_eight_ways() {
+    let s = spec(json!([{ "index": 0, "strategy": "MPS" }]));
+    let (offers, warnings) = resolve(Some(&s));
+    assert_eq!(
+        offers[0],
+        GpuOffer::Mps {
+            max_clients: 8,
+            default_thread_percentage: 12,
+            default_memory_mib: 81559 / 8,
+        }
+    );
+    assert!(warnings.is_empty(), "{warnings:?}");
+}
+
+#[test]
+fn mps_defaults_follow_max_clients() {
+    let s = spec(json!([{ "index": 1, "strategy": "MPS", "mps": { "maxClients": 4 } }]));
+    let (offers, _) = resolve(Some(&s));
+    assert_eq!(
+        offers[1],
+        GpuOffer::Mps {
+            max_clients: 4,
+            default_thread_percentage: 25,
+            default_memory_mib: 23034 / 4,
+        },
+        "MPS works on a GPU without MIG"
+    );
+}
+
+#[test]
+fn explicit_mps_settings_are_used() {
+    let s = spec(json!([{
+        "index": 0,
+        "strategy": "MPS",
+        "mps": {
+            "maxClients": 4,
+            "defaultActiveThreadPercentage": 30,
+            "defaultPinnedMemoryLimit": "2Gi"
+        }
+    }]));
+    let (offers, _) = resolve(Some(&s));
+    assert_eq!(
+        offers[0],
+        GpuOffer::Mps {
+            max_clients: 4,
+            default_thread_percentage: 30,
+            default_memory_mib: 2048,
+        }
+    );
+}
+
+#[test]
+fn out_of_range_mps_settings_are_made_safe() {
+    // The CRD rejects these; the plugin must still not divide by zero or offer 0 %.
+    let s = spec(json!([{
+        "index": 0,
+        "strategy": "MPS",
+        "mps": { "maxClients": 0, "defaultActiveThreadPercentage": 500 }
+    }]));
+    let (offers, _) = resolve(Some(&s));
+    assert_eq!(
+        offers[0],
+        GpuOffer::Mps {
+            max_clients: 1,
+            default_thread_percentage: 100,
+            default_memory_mib: 81559,
+        }
+    );
+}
+
+#[test]
+fn an_unreadable_pinned_memory_limit_falls_back_to_the_default_share() {
+    let s = spec(json!([{
+        "index": 0,
+        "strategy": "MPS",
+        "mps": { "defaultPinnedMemoryLimit": "lots" }
+    }]));
+    let (offers, _) = resolve(Some(&s));
+    assert!(
+        matches!(offers[0], GpuOffer::Mps { default_memory_mib, .. } if default_memory_mib == 81559 / 8),
+        "{:?}",
+        offers[0]
+    );
+}
+
+#[test]
+fn time_slicing_defaults_to_four_clients_and_honours_max_clients() {
+    let s = spec(json!([
+        { "index": 0, "strategy": "TimeSlicing" },
+        { "index": 1, "strategy": "TimeSlicing", "timeSlicing": { "maxClients": 10 } }
+    ]));
+    let (offers, _) = resolve(Some(&s));
+    assert_eq!(
+        offers,
+        [
+            GpuOffer::TimeSlicing { max_clients: 4 },
+            GpuOffer::TimeSlicing { max_clients: 10 }
+        ]
+    );
+}
+
+#[test]
+fn exclusive_and_adaptive_entries_offer_the_whole_gpu() {
+    for strategy in ["Exclusive", "Adaptive"] {
+        let s = spec(json!([{ "index": 0, "strategy": strategy }]));
+        let (offers, _) = resolve(Some(&s));
+        assert_eq!(offers[0], GpuOffer::Exclusive, "{strategy}");
+    }
+}
+
+#[test]
+fn static_mode_instances_become_placements_and_invalid_ones_are_dropped() {
+    let s = spec(json!([{
+        "index": 0,
+        "strategy": "MIG",
+        "mig": {
+            "mode": "Static",
+            "instances": [
+                { "profile": "3g.40gb", "start": 4 },
+                { "profile": "2g.20gb", "start": 2 },
+                { "profile": "1g.10gb", "start": 1 },
+                // 3g.40gb starts only at 0 or 4.
+                { "profile": "3g.40gb", "start": 2 },
+                // No such profile on an H100.
+                { "profile": "1g.18gb", "start": 0 },
+                // Beyond any memory slice (and beyond u8).
+                { "profile": "1g.10gb", "start": 300 }
+            ]
+        }
+    }]));
+    let (offers, _) = resolve(Some(&s));
+    assert_eq!(
+        offers[0],
+        GpuOffer::StaticMig {
+            placements: vec![(9, 4), (14, 2), (19, 1)]
+        }
+    );
+}
