@@ -104,6 +104,71 @@ pub async fn create_node(client: &Client, name: &str, labels: &[(&str, &str)]) -
     Ok(created)
 }
 
+/// What a test pod asks for: one request named `gpu` of `class`.
+#[derive(Clone, Debug, Default)]
+pub struct GpuRequest<'a> {
+    /// DeviceClass.
+    pub class: &'a str,
+    /// Optional CEL selector.
+    pub selector: Option<&'a str>,
+    /// Optional capacity requests, e.g. `{"computePercent": "25", "memory": "4Gi"}`.
+    pub capacity: Option<serde_json::Value>,
+}
+
+/// Creates a ResourceClaimTemplate `name` with one request and a Pod `name` whose one
+/// container uses the claim made from it, as a user's manifest would.
+pub async fn create_claim_pod(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    req: GpuRequest<'_>,
+) -> Result<()> {
+    let mut exactly = serde_json::json!({"deviceClassName": req.class});
+    if let Some(sel) = req.selector {
+        exactly["selectors"] = serde_json::json!([{"cel": {"expression": sel}}]);
+    }
+    if let Some(cap) = req.capacity {
+        exactly["capacity"] = serde_json::json!({"requests": cap});
+    }
+    let objects = [
+        serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
+        }),
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                "resources": {"claims": [{"name": "gpu"}]}}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}]
+            }
+        }),
+    ];
+    let templates: Api<k8s_openapi::api::resource::v1::ResourceClaimTemplate> =
+        Api::namespaced(client.clone(), namespace);
+    let template = serde_json::from_value(objects[0].clone()).map_err(|e| Error::Manifest {
+        source_name: name.into(),
+        detail: e.to_string(),
+    })?;
+    templates
+        .create(&PostParams::default(), &template)
+        .await
+        .map_err(kube_err(format!(
+            "creating ResourceClaimTemplate {namespace}/{name}"
+        )))?;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), namespace);
+    let pod = serde_json::from_value(objects[1].clone()).map_err(|e| Error::Manifest {
+        source_name: name.into(),
+        detail: e.to_string(),
+    })?;
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .map_err(kube_err(format!("creating Pod {namespace}/{name}")))?;
+    Ok(())
+}
+
 /// Creates a namespace (idempotent).
 pub async fn create_namespace(client: &Client, name: &str) -> Result<()> {
     let api: Api<Namespace> = Api::all(client.clone());

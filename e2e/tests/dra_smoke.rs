@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::{
     core::v1::Pod,
-    resource::v1::{ResourceClaim, ResourceClaimTemplate, ResourceSlice},
+    resource::v1::{ResourceClaim, ResourceSlice},
 };
 use kube::{
     Api, Client,
@@ -84,34 +84,13 @@ async fn publish_slices(client: &Client) {
 }
 
 async fn create_pod(client: &Client, name: &str) {
-    let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), NS);
-    templates
-        .create(
-            &PostParams::default(),
-            &from_json(json!({
-                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-                "metadata": {"name": name},
-                "spec": {"spec": {"devices": {"requests": [
-                    {"name": "mig", "exactly": {"deviceClassName": "mig.tessera.dev"}}]}}}
-            })),
-        )
+    let req = cluster::GpuRequest {
+        class: "mig.tessera.dev",
+        ..Default::default()
+    };
+    cluster::create_claim_pod(client, NS, name, req)
         .await
         .unwrap();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    pods.create(
-        &PostParams::default(),
-        &from_json(json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                                "resources": {"claims": [{"name": "gpu"}]}}],
-                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}]
-            }
-        })),
-    )
-    .await
-    .unwrap();
 }
 
 async fn wait_scheduled(pods: &Api<Pod>, name: &str) -> Pod {

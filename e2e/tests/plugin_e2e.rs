@@ -45,41 +45,14 @@ async fn create_pod(
     selector: Option<&str>,
     capacity: Option<serde_json::Value>,
 ) {
-    let mut exactly = json!({"deviceClassName": class});
-    if let Some(sel) = selector {
-        exactly["selectors"] = json!([{"cel": {"expression": sel}}]);
-    }
-    if let Some(cap) = capacity {
-        exactly["capacity"] = json!({"requests": cap});
-    }
-    let templates: Api<k8s_openapi::api::resource::v1::ResourceClaimTemplate> =
-        Api::namespaced(client.clone(), NS);
-    templates
-        .create(
-            &PostParams::default(),
-            &from_json(json!({
-                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-                "metadata": {"name": name},
-                "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
-            })),
-        )
+    let req = cluster::GpuRequest {
+        class,
+        selector,
+        capacity,
+    };
+    cluster::create_claim_pod(client, NS, name, req)
         .await
         .unwrap();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    pods.create(
-        &PostParams::default(),
-        &from_json(json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                                "resources": {"claims": [{"name": "gpu"}]}}],
-                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}]
-            }
-        })),
-    )
-    .await
-    .unwrap();
 }
 
 fn profile(p: &str) -> String {
