@@ -110,7 +110,12 @@ impl SimNode {
             .arg(format!("127.0.0.1:{}", self.metrics_port))
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
-            .env("RUST_LOG", "info,tessera_plugin=debug")
+            // Tests log the plugin's debug lines; the bench measures the production level.
+            .env(
+                "RUST_LOG",
+                std::env::var("TESSERA_PLUGIN_LOG")
+                    .unwrap_or_else(|_| "info,tessera_plugin=debug".into()),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

@@ -158,7 +158,9 @@ impl CdiWriter {
         let tmp = self.dir.join(format!(".{claim_uid}.tmp"));
         let mut f = File::create(&tmp).map_err(|s| err("creating a temp file for", s))?;
         f.write_all(&text).map_err(|s| err("writing", s))?;
-        f.sync_all().map_err(|s| err("syncing", s))?;
+        // No fsync: CDI specs are transient (`/var/run/cdi` is a tmpfs cleared on boot, as
+        // are the MIG instances they describe), so only atomicity matters, which the
+        // rename gives. The checkpoint, which must survive plugin restarts, is fsynced.
         fs::rename(&tmp, &path).map_err(|s| err("renaming into", s))?;
         Ok(path)
     }

@@ -67,6 +67,8 @@ pub fn run(args: Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         .args(["--in-flight", &args.in_flight.to_string()])
         .arg("--skip-build")
         .env("TESSERA_PLUGIN_BIN", &plugin)
+        // Measure the plugin as it runs in production: info-level logs.
+        .env("TESSERA_PLUGIN_LOG", "info")
         .env("TESSERA_K8S_VERSION", bins.version.to_string())
         .env("TESSERA_K8S_BIN_DIR", &bins.dir);
     if let Some(json) = &args.json {
