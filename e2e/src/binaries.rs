@@ -74,7 +74,7 @@ pub enum Error {
     },
     /// Binaries are not built and the caller asked not to build them.
     #[error(
-        "the control-plane binaries for Kubernetes {version} are not built in {dir}: run `cargo xtask controlplane build --version {version}` first (about 15-25 minutes the first time on 2 cores)"
+        "the control-plane binaries for Kubernetes {version} are not built in {dir}: run `cargo xtask controlplane build --version {version}` first (about 10-25 minutes the first time on 2 cores)"
     )]
     NotBuilt {
         /// Version.
@@ -384,7 +384,7 @@ fn build_kubernetes(
     .collect();
     args.extend(cmds.iter().map(|c| format!("k8s.io/kubernetes/cmd/{c}")));
     progress(&format!(
-        "  go build {} (the slow step: 15-25 min cold on 2 cores)",
+        "  go build {} (the slow step: 10-25 min cold on 2 cores)",
         cmds.join(" ")
     ));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -6,11 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, ensure};
 use kube::{Client, ResourceExt};
 use tessera_api::constants::DRIVER_NAME;
-use tessera_gpu::{
-    MigLayout, Occupancy, Placement,
-    backend::{ComputeMode, GpuInfo},
-    find_model,
-};
+use tessera_gpu::{MigLayout, Occupancy, Placement, backend::GpuInfo, find_model};
 use tessera_plugin::slices::{GpuOffer, GpuView, build_pool, publish::Publisher};
 
 use super::{Metric, PUBLISH_NODE, PUBLISH_P99_TARGET};
@@ -36,20 +32,11 @@ impl H100x8 {
             .context("the H100 model has no MIG layout")?;
         let infos = (0..8u32)
             .map(|index| GpuInfo {
-                index,
-                uuid: format!("GPU-{index:08x}-1b2c-3d4e-5f60-718293a4b5c6"),
-                product_name: "NVIDIA H100 80GB HBM3".into(),
-                model: Some(model.id.clone()),
-                memory_mib: model.memory_mib,
-                architecture: model.architecture,
-                compute_capability: "9.0".into(),
                 pci_bus_id: format!("00000000:{:02x}:00.0", 0x18 + index),
-                minor_number: None,
-                mig_capable: true,
                 mig_enabled: true,
                 mig_pending: true,
-                compute_mode: ComputeMode::Default,
                 driver_version: Some("580.159.04".into()),
+                ..GpuInfo::from_model(model, index)
             })
             .collect();
         let placement = layout

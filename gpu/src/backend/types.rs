@@ -41,6 +41,33 @@ pub struct GpuInfo {
     pub driver_version: Option<String>,
 }
 
+impl GpuInfo {
+    /// A GPU of a catalogue model at `index`, with MIG off and placeholder identity
+    /// (UUID, PCI bus id, device minor derived from the index). Simulated nodes, fixtures
+    /// and benchmarks start from this and override what they know better.
+    pub fn from_model(model: &crate::catalog::GpuModel, index: u32) -> Self {
+        Self {
+            index,
+            uuid: format!("GPU-{index:08x}-0000-4000-8000-000000000000"),
+            product_name: model.product_names.first().cloned().unwrap_or_default(),
+            model: Some(model.id.clone()),
+            memory_mib: model.memory_mib,
+            architecture: model.architecture,
+            compute_capability: format!(
+                "{}.{}",
+                model.compute_capability.0, model.compute_capability.1
+            ),
+            minor_number: Some(index),
+            pci_bus_id: format!("00000000:{:02x}:00.0", index + 1),
+            mig_capable: model.mig.is_some(),
+            mig_enabled: false,
+            mig_pending: false,
+            compute_mode: ComputeMode::Default,
+            driver_version: None,
+        }
+    }
+}
+
 /// Outcome of a MIG mode request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

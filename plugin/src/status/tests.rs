@@ -3,7 +3,7 @@
 
 use tessera_api::gpunode::GpuHealth;
 use tessera_gpu::{
-    backend::{ComputeInstance, ComputeMode, GpuInfo},
+    backend::{ComputeInstance, GpuInfo},
     find_model,
 };
 
@@ -13,20 +13,12 @@ use crate::checkpoint::{ClaimPhase, ClaimRecord, DeviceRecord, MigIdentity};
 fn gpu(model: &str, index: u32) -> GpuInfo {
     let m = find_model(model).unwrap();
     GpuInfo {
-        index,
         uuid: format!("GPU-{index:08x}-1b2c-3d4e-5f60-718293a4b5c6"),
-        product_name: m.product_names[0].clone(),
-        model: Some(m.id.clone()),
-        memory_mib: m.memory_mib,
-        architecture: m.architecture,
-        compute_capability: format!("{}.{}", m.compute_capability.0, m.compute_capability.1),
         pci_bus_id: format!("00000000:00:{:02x}.0", 6 + index),
         minor_number: None,
-        mig_capable: m.mig.is_some(),
         mig_enabled: m.mig.is_some(),
         mig_pending: m.mig.is_some(),
-        compute_mode: ComputeMode::Default,
-        driver_version: None,
+        ..GpuInfo::from_model(m, index)
     }
 }
 

@@ -228,25 +228,15 @@ impl GpuBackend for SimBackend {
                 .iter()
                 .map(|g| {
                     let m = model_of(g)?;
+                    // The simulated node numbers its device files like its indices.
                     Ok(GpuInfo {
-                        index: g.index,
                         uuid: g.uuid.clone(),
-                        product_name: m.product_names.first().cloned().unwrap_or_default(),
-                        model: Some(m.id.clone()),
-                        memory_mib: m.memory_mib,
-                        architecture: m.architecture,
-                        compute_capability: format!(
-                            "{}.{}",
-                            m.compute_capability.0, m.compute_capability.1
-                        ),
                         pci_bus_id: g.pci_bus_id.clone(),
-                        // The simulated node numbers its device files like its indices.
-                        minor_number: Some(g.index),
-                        mig_capable: m.mig.is_some(),
                         mig_enabled: g.mig_enabled,
                         mig_pending: g.mig_pending,
                         compute_mode: g.compute_mode,
                         driver_version: Some("580.0-sim".into()),
+                        ..GpuInfo::from_model(m, g.index)
                     })
                 })
                 .collect()

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use tessera_gpu::{backend::ComputeMode, find_model};
+use tessera_gpu::find_model;
 
 use super::*;
 
@@ -13,42 +13,24 @@ fn h100() -> &'static MigLayout {
 }
 
 fn h100_info(index: u32) -> GpuInfo {
-    let model = find_model("h100-80gb").unwrap();
     GpuInfo {
-        index,
         uuid: format!("GPU-{index:08x}-1b2c-3d4e-5f60-718293a4b5c6"),
-        product_name: "NVIDIA H100 80GB HBM3".into(),
-        model: Some(model.id.clone()),
-        memory_mib: model.memory_mib,
-        architecture: model.architecture,
-        compute_capability: "9.0".into(),
         pci_bus_id: "00000000:00:06.0".into(),
         minor_number: None,
-        mig_capable: true,
         mig_enabled: true,
         mig_pending: true,
-        compute_mode: ComputeMode::Default,
         driver_version: Some("580.159.04".into()),
+        ..GpuInfo::from_model(find_model("h100-80gb").unwrap(), index)
     }
 }
 
 fn l4_info(index: u32) -> GpuInfo {
-    let model = find_model("l4").unwrap();
     GpuInfo {
-        index,
         uuid: format!("GPU-{index:08x}-aaaa-bbbb-cccc-ddddeeeeffff"),
-        product_name: "NVIDIA L4".into(),
-        model: Some(model.id.clone()),
-        memory_mib: model.memory_mib,
-        architecture: model.architecture,
-        compute_capability: "8.9".into(),
         pci_bus_id: "00000000:00:07.0".into(),
         minor_number: None,
-        mig_capable: false,
-        mig_enabled: false,
-        mig_pending: false,
-        compute_mode: ComputeMode::Default,
         driver_version: Some("580.159.04".into()),
+        ..GpuInfo::from_model(find_model("l4").unwrap(), index)
     }
 }
 

@@ -2,7 +2,7 @@
 //! `GpuNode.spec` or the plugin's default strategy.
 
 use serde_json::json;
-use tessera_gpu::{backend::ComputeMode, find_model};
+use tessera_gpu::find_model;
 
 use super::*;
 
@@ -13,22 +13,11 @@ fn h100() -> &'static MigLayout {
 }
 
 fn gpu(model: &str, index: u32, uuid: &str) -> GpuInfo {
-    let m = find_model(model).unwrap();
     GpuInfo {
-        index,
         uuid: uuid.into(),
-        product_name: m.product_names[0].clone(),
-        model: Some(m.id.clone()),
-        memory_mib: m.memory_mib,
-        architecture: m.architecture,
-        compute_capability: format!("{}.{}", m.compute_capability.0, m.compute_capability.1),
         pci_bus_id: String::new(),
         minor_number: None,
-        mig_capable: m.mig.is_some(),
-        mig_enabled: false,
-        mig_pending: false,
-        compute_mode: ComputeMode::Default,
-        driver_version: None,
+        ..GpuInfo::from_model(find_model(model).unwrap(), index)
     }
 }
 
