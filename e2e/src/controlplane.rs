@@ -189,8 +189,23 @@ impl ControlPlane {
             bins: opts.bins,
             detached: false,
         };
-        cp.boot().await?;
-        Ok(cp)
+        // Free ports are found by binding port 0 and letting go; a test starting in
+        // parallel can take one in between. A component that then fails to bind is not a
+        // failure of the control plane: start again on fresh ports.
+        let mut attempt = 1;
+        loop {
+            match cp.boot().await {
+                Ok(()) => return Ok(cp),
+                Err(Error::Exited { ref tail, .. })
+                    if attempt < 3 && tail.contains("address already in use") =>
+                {
+                    attempt += 1;
+                    cp.stop();
+                    let _ = std::fs::remove_dir_all(cp.dir.join("etcd"));
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     async fn boot(&mut self) -> Result<()> {
