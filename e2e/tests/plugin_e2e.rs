@@ -808,3 +808,96 @@ async fn the_demo_workloads_run_as_shipped_on_the_demo_nodes() {
         "{devices:?}"
     );
 }
+
+#[tokio::test]
+async fn after_a_node_reboot_stale_records_are_forgotten_and_claims_are_prepared_afresh() {
+    use tessera_plugin::kubelet::{
+        ClaimRef,
+        client::{DraClient, KUBELET_CALL_TIMEOUT},
+    };
+    let (cp, client) = setup().await;
+    let mut node = SimNode::start(
+        &cp,
+        "rebooty",
+        "gpus: [{model: h100-80gb}, {model: l4}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    create_pod(
+        &client,
+        "mig",
+        "mig.tessera.dev",
+        Some(&profile("3g.40gb")),
+        None,
+    )
+    .await;
+    create_pod(
+        &client,
+        "whole",
+        "gpu.tessera.dev",
+        Some("device.attributes['gpu.tessera.dev'].productName == 'NVIDIA L4'"),
+        None,
+    )
+    .await;
+    let mut claims = Vec::new();
+    for pod in ["mig", "whole"] {
+        let pod = wait_running(&client, pod).await;
+        claims.push(claim_of(&client, &pod).await);
+    }
+    let before = sim(&node).gpus[0].instances.clone();
+    assert_eq!(before.len(), 1);
+    let cdi_dir = node.cdi_dir();
+    let spec_count = || std::fs::read_dir(&cdi_dir).unwrap().count();
+    assert_eq!(spec_count(), 2, "one CDI spec per prepared claim");
+
+    node.reboot().await.unwrap();
+
+    // The records described hardware and CDI specs the reboot wiped: they are void.
+    let records = std::fs::read_dir(node.state_dir().join("claims"))
+        .unwrap()
+        .count();
+    assert_eq!(records, 0, "records of the earlier boot were forgotten");
+    assert!(sim(&node).gpus[0].instances.is_empty());
+    assert!(
+        node.log_tail(200).contains("the node rebooted"),
+        "recovery says what it did:\n{}",
+        node.log_tail(40)
+    );
+
+    // The restarted kubelet prepares the pods' claims again; the plugin makes everything
+    // anew instead of answering with devices that no longer exist.
+    let info = node.kubelet.plugin().unwrap();
+    let dra = DraClient::from_info(&info, KUBELET_CALL_TIMEOUT)
+        .await
+        .unwrap();
+    let refs: Vec<ClaimRef> = claims
+        .iter()
+        .map(|c| ClaimRef {
+            namespace: NS.into(),
+            uid: c.uid().unwrap(),
+            name: c.name_any(),
+        })
+        .collect();
+    let results = dra.prepare(refs.clone()).await.unwrap();
+    for r in &refs {
+        let devices = results[&r.uid].as_ref().unwrap();
+        assert_eq!(devices.len(), 1, "{devices:?}");
+    }
+    assert_eq!(spec_count(), 2, "the CDI specs are back");
+    let after = sim(&node).gpus[0].instances.clone();
+    assert_eq!(after.len(), 1);
+    assert_eq!(
+        after[0].start, before[0].start,
+        "made again at the allocated placement"
+    );
+    assert_ne!(
+        after[0].compute_instances[0].uuid, before[0].compute_instances[0].uuid,
+        "a new instance, not a stale answer"
+    );
+
+    for pod in ["mig", "whole"] {
+        delete_pod(&client, pod).await;
+    }
+    assert!(sim(&node).gpus[0].instances.is_empty());
+    assert_eq!(spec_count(), 0);
+}

@@ -15,9 +15,23 @@
 //! never destroyed.
 //!
 //! One file per claim (`<state dir>/claims/<uid>.json`), so a write costs the same with
-//! one prepared claim as with a thousand. Writes are atomic (temp file, fsync, rename,
-//! fsync of the directory): a crash leaves either the old or the new record, never a torn
-//! one.
+//! one prepared claim as with a thousand. Every write is atomic (temp file, rename): a crash
+//! leaves the old or the new record, never a torn one.
+//!
+//! Every record carries the node's boot ID. What a record describes does not survive a
+//! reboot: MIG instances are gone, MPS daemons are gone and the CDI specs under
+//! `/var/run/cdi` are gone. A record from an earlier boot is therefore void; start-up
+//! recovery forgets it without touching the hardware (whatever is on the GPUs now was made
+//! by someone else since the boot).
+//!
+//! What is fsynced follows from that. A `PrepareStarted` record is the write-ahead intent:
+//! its content is fsynced before the rename and before any hardware is touched, so the
+//! file is whole whatever happens next. A `PrepareCompleted` record is renamed into place
+//! without an fsync: it is only meaningful together with the claim's CDI spec, which lives
+//! on tmpfs; a plugin crash loses neither (the page cache survives it) and a node crash
+//! voids both. The directory is not fsynced: that would only make the newest rename
+//! survive a node crash, which voids the record anyway. The kubelet waits on each fsync,
+//! so none is spent where it protects nothing.
 
 use std::{
     collections::BTreeMap,
@@ -70,23 +84,13 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything the plugin has prepared on this node.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Checkpoint {
-    /// Format version.
-    pub version: String,
-    /// Prepared (or half-prepared) claims by UID.
-    #[serde(default)]
+    /// Prepared (or half-prepared) claims of this boot, by UID.
     pub claims: BTreeMap<String, ClaimRecord>,
-}
-
-impl Default for Checkpoint {
-    fn default() -> Self {
-        Self {
-            version: CHECKPOINT_VERSION.to_string(),
-            claims: BTreeMap::new(),
-        }
-    }
+    /// Records written before the node last booted, by UID: void (see the module docs),
+    /// kept only until start-up recovery forgets them.
+    pub previous_boot: BTreeMap<String, ClaimRecord>,
 }
 
 /// Phase of a claim.
@@ -190,24 +194,44 @@ pub struct MigIdentity {
     pub uuid: String,
 }
 
-/// One claim's file: the record plus the format version.
+/// One claim's file: the record plus the format version and the boot it was written in.
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct ClaimFile {
     version: String,
+    /// Boot ID of the node when the record was written (absent where the kernel does not
+    /// expose one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    boot_id: Option<String>,
     claim: ClaimRecord,
+}
+
+/// Where Linux exposes the ID of the current boot (a new random UUID at every boot).
+pub const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
+
+/// The boot ID read from `path`; `None` when unreadable or empty (records are then never
+/// considered to be from another boot).
+pub fn read_boot_id(path: &Path) -> Option<String> {
+    fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
 }
 
 /// The checkpoint directory: one file per claim.
 #[derive(Clone, Debug)]
 pub struct CheckpointStore {
     dir: PathBuf,
+    boot_id: Option<String>,
 }
 
 impl CheckpointStore {
-    /// A store in `dir` (`<state dir>/claims`).
-    pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into() }
+    /// A store in `dir` (`<state dir>/claims`) for the boot `boot_id` (see [`read_boot_id`]).
+    pub fn new(dir: impl Into<PathBuf>, boot_id: Option<String>) -> Self {
+        Self {
+            dir: dir.into(),
+            boot_id,
+        }
     }
 
     /// The directory.
@@ -220,7 +244,8 @@ impl CheckpointStore {
     }
 
     /// Reads every claim's record; a missing directory is an empty checkpoint. Temp files
-    /// of an interrupted write (dot files) are ignored and removed.
+    /// of an interrupted write (dot files) are ignored and removed. Records of an earlier
+    /// boot land in [`Checkpoint::previous_boot`].
     pub fn load(&self) -> Result<Checkpoint> {
         let mut cp = Checkpoint::default();
         let entries = match fs::read_dir(&self.dir) {
@@ -249,17 +274,26 @@ impl CheckpointStore {
                     found: file.version,
                 });
             }
-            cp.claims.insert(file.claim.uid.clone(), file.claim);
+            let earlier_boot =
+                matches!((&file.boot_id, &self.boot_id), (Some(then), Some(now)) if then != now);
+            let into = if earlier_boot {
+                &mut cp.previous_boot
+            } else {
+                &mut cp.claims
+            };
+            into.insert(file.claim.uid.clone(), file.claim);
         }
         Ok(cp)
     }
 
-    /// Writes one claim's record atomically and durably.
+    /// Writes one claim's record atomically; a `PrepareStarted` record's content is on
+    /// disk before its name is (see the module docs for why only that one).
     pub fn save_claim(&self, claim: &ClaimRecord) -> Result<()> {
         fs::create_dir_all(&self.dir).map_err(|s| self.io("creating", &self.dir, s))?;
         let path = self.claim_path(&claim.uid);
         let file = ClaimFile {
             version: CHECKPOINT_VERSION.to_string(),
+            boot_id: self.boot_id.clone(),
             claim: claim.clone(),
         };
         let text = serde_json::to_vec(&file).map_err(|source| Error::Parse {
@@ -271,10 +305,11 @@ impl CheckpointStore {
             File::create(&tmp).map_err(|s| self.io("creating a temp file for", &path, s))?;
         f.write_all(&text)
             .map_err(|s| self.io("writing", &tmp, s))?;
-        f.sync_all().map_err(|s| self.io("syncing", &tmp, s))?;
+        if claim.phase == ClaimPhase::PrepareStarted {
+            f.sync_all().map_err(|s| self.io("syncing", &tmp, s))?;
+        }
         drop(f);
         fs::rename(&tmp, &path).map_err(|s| self.io("replacing", &path, s))?;
-        self.sync_dir();
         Ok(())
     }
 
@@ -282,19 +317,9 @@ impl CheckpointStore {
     pub fn remove_claim(&self, uid: &str) -> Result<()> {
         let path = self.claim_path(uid);
         match fs::remove_file(&path) {
-            Ok(()) => {
-                self.sync_dir();
-                Ok(())
-            }
+            Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(source) => Err(self.io("removing", &path, source)),
-        }
-    }
-
-    /// A rename or removal is durable only once the directory entry is.
-    fn sync_dir(&self) {
-        if let Ok(d) = File::open(&self.dir) {
-            let _ = d.sync_all();
         }
     }
 
@@ -344,14 +369,14 @@ mod tests {
     #[test]
     fn a_missing_checkpoint_is_empty() {
         let dir = tempfile::tempdir().unwrap();
-        let store = CheckpointStore::new(dir.path().join("claims"));
+        let store = CheckpointStore::new(dir.path().join("claims"), None);
         assert_eq!(store.load().unwrap(), Checkpoint::default());
     }
 
     #[test]
     fn saved_claims_read_back_identically_and_leave_no_temp_file() {
         let dir = tempfile::tempdir().unwrap();
-        let store = CheckpointStore::new(dir.path().join("state/claims"));
+        let store = CheckpointStore::new(dir.path().join("state/claims"), None);
         let mut rec = record(ClaimPhase::PrepareStarted);
         store.save_claim(&rec).unwrap();
         rec.phase = ClaimPhase::PrepareCompleted;
@@ -373,7 +398,7 @@ mod tests {
     #[test]
     fn removing_a_claim_forgets_it_and_is_idempotent() {
         let dir = tempfile::tempdir().unwrap();
-        let store = CheckpointStore::new(dir.path());
+        let store = CheckpointStore::new(dir.path(), None);
         store
             .save_claim(&record(ClaimPhase::PrepareCompleted))
             .unwrap();
@@ -385,7 +410,7 @@ mod tests {
     #[test]
     fn a_torn_temp_file_from_a_crash_is_ignored_and_cleaned_up() {
         let dir = tempfile::tempdir().unwrap();
-        let store = CheckpointStore::new(dir.path());
+        let store = CheckpointStore::new(dir.path(), None);
         store
             .save_claim(&record(ClaimPhase::PrepareCompleted))
             .unwrap();
@@ -395,10 +420,48 @@ mod tests {
     }
 
     #[test]
+    fn records_of_an_earlier_boot_are_set_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let before = CheckpointStore::new(dir.path(), Some("boot-a".into()));
+        before
+            .save_claim(&record(ClaimPhase::PrepareCompleted))
+            .unwrap();
+        // Same boot: the record is live.
+        let cp = before.load().unwrap();
+        assert_eq!(cp.claims.len(), 1);
+        assert!(cp.previous_boot.is_empty());
+        // After a reboot: void.
+        let after = CheckpointStore::new(dir.path(), Some("boot-b".into()));
+        let cp = after.load().unwrap();
+        assert!(cp.claims.is_empty());
+        assert_eq!(
+            cp.previous_boot["0b1e-uid"].phase,
+            ClaimPhase::PrepareCompleted
+        );
+        // Unknown boot on either side: never treated as another boot.
+        let unknown = CheckpointStore::new(dir.path(), None);
+        assert_eq!(unknown.load().unwrap().claims.len(), 1);
+    }
+
+    #[test]
+    fn the_boot_id_is_read_trimmed_and_absent_when_unreadable() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("boot_id");
+        fs::write(&f, "6a1c5f0e-0000-4000-8000-000000000001\n").unwrap();
+        assert_eq!(
+            read_boot_id(&f).as_deref(),
+            Some("6a1c5f0e-0000-4000-8000-000000000001")
+        );
+        fs::write(&f, "\n").unwrap();
+        assert_eq!(read_boot_id(&f), None);
+        assert_eq!(read_boot_id(&dir.path().join("missing")), None);
+    }
+
+    #[test]
     fn a_corrupt_checkpoint_is_an_error_that_says_what_to_do() {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join("x.json"), "{not json").unwrap();
-        let err = CheckpointStore::new(dir.path())
+        let err = CheckpointStore::new(dir.path(), None)
             .load()
             .unwrap_err()
             .to_string();
@@ -411,7 +474,7 @@ mod tests {
         let claim = serde_json::to_value(record(ClaimPhase::PrepareStarted)).unwrap();
         let file = serde_json::json!({"version": "tessera.dev/checkpoint/v0", "claim": claim});
         fs::write(dir.path().join("0b1e-uid.json"), file.to_string()).unwrap();
-        let err = CheckpointStore::new(dir.path()).load().unwrap_err();
+        let err = CheckpointStore::new(dir.path(), None).load().unwrap_err();
         assert!(matches!(err, Error::Version { .. }), "{err}");
     }
 }

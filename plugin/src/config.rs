@@ -79,6 +79,12 @@ pub struct Args {
     )]
     pub state_dir: PathBuf,
 
+    /// File holding the node's boot ID. Checkpoint records of an earlier boot are void
+    /// (MIG instances, MPS daemons and CDI specs do not survive a reboot) and are forgotten
+    /// at start-up. Tests point this elsewhere to simulate a reboot.
+    #[arg(long, env = "TESSERA_BOOT_ID_FILE", default_value = crate::checkpoint::BOOT_ID_PATH)]
+    pub boot_id_file: PathBuf,
+
     /// Hardware backend.
     #[arg(long, env = "TESSERA_BACKEND", value_enum, default_value_t = BackendKind::Nvml)]
     pub backend: BackendKind,

@@ -1,5 +1,8 @@
 //! Start-up reconciliation between the checkpoint and the hardware.
 //!
+//! - A record written before the node last booted is void: the reboot took its MIG
+//!   instances, MPS daemon and CDI spec with it. It is forgotten without touching the
+//!   hardware, since anything on the GPUs now was made after the boot by someone else.
 //! - A claim left in `PrepareStarted` (the plugin died mid-prepare) is rolled back, so the
 //!   kubelet's retry starts from clean hardware.
 //! - A `PrepareCompleted` claim whose instances are gone (node reboot, manual cleanup) is
@@ -20,6 +23,8 @@ use crate::checkpoint::{ClaimPhase, DeviceKind};
 /// What start-up recovery did.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RecoveryReport {
+    /// Records of an earlier boot, forgotten.
+    pub previous_boot: Vec<String>,
     /// Half-prepared claims rolled back.
     pub rolled_back: Vec<String>,
     /// Completed claims whose hardware was gone, forgotten.
@@ -34,6 +39,22 @@ impl Driver {
     /// Reconciles the checkpoint with the hardware. Run before serving the kubelet.
     pub async fn recover(&self) -> Result<RecoveryReport, ClaimError> {
         let mut report = RecoveryReport::default();
+        let void = std::mem::take(&mut self.checkpoint.lock().await.previous_boot);
+        for uid in void.into_keys() {
+            // Only the files: the reboot already undid everything else they describe.
+            if let Err(e) = self.cdi.remove(&uid) {
+                warn!(claim = %uid, error = %e, "could not remove the CDI spec of a claim from an earlier boot");
+            }
+            let gone = uid.clone();
+            self.store_io(move |s| s.remove_claim(&gone)).await?;
+            report.previous_boot.push(uid);
+        }
+        if !report.previous_boot.is_empty() {
+            info!(
+                claims = report.previous_boot.len(),
+                "the node rebooted since these claims were prepared; their records are void and were forgotten (the kubelet prepares them again)"
+            );
+        }
         let records: Vec<_> = self
             .checkpoint
             .lock()

@@ -87,9 +87,9 @@ impl Driver {
             warn!(claim = %rec.uid, error = %e, "could not remove the CDI spec");
             return Err(e.into());
         }
-        let mut cp = self.checkpoint.lock().await;
-        self.store.remove_claim(&rec.uid)?;
-        cp.claims.remove(&rec.uid);
+        let uid = rec.uid.clone();
+        self.store_io(move |s| s.remove_claim(&uid)).await?;
+        self.checkpoint.lock().await.claims.remove(&rec.uid);
         Ok(())
     }
 }
