@@ -14,7 +14,7 @@ use kube::{
 use tessera_gpu::backend::{GpuBackend, nvml::NvmlBackend, sim::SimBackend};
 use tessera_plugin::{
     cdi::CdiWriter,
-    checkpoint::CheckpointStore,
+    checkpoint::{self, CheckpointStore},
     config::{Args, BackendKind, LogFormat},
     driver::{Driver, DriverConfig, DriverHandle, NodeGpus},
     http,
@@ -31,7 +31,22 @@ async fn main() -> anyhow::Result<()> {
     init_tracing(args.log_format);
     info!(version = env!("CARGO_PKG_VERSION"), node = %args.node_name, backend = ?args.backend, "starting tessera-plugin");
 
-    let client = client(&args).await?;
+    // The kubelet's calls are served on this runtime; everything else (watches, slices,
+    // status writes) runs on a runtime of its own with its own API client, so a burst of
+    // bookkeeping never delays a prepare. (A kube client's connection tasks live on the
+    // runtime that made it, hence one client per runtime.)
+    let background = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("tessera-background")
+        .enable_all()
+        .build()
+        .context("starting the background runtime")?;
+    let client = {
+        let args = args.clone();
+        background
+            .spawn(async move { client(&args).await })
+            .await??
+    };
     let backend: Arc<dyn GpuBackend> = match args.backend {
         BackendKind::Sim => {
             let inventory = args.sim_inventory.as_deref().context("--sim-inventory is required with --backend sim")?;
@@ -62,7 +77,7 @@ async fn main() -> anyhow::Result<()> {
     // Prepare reads claims from this watch cache instead of making an API round trip.
     let (claim_cache, claim_writer) = reflector::store();
     let claims_api: Api<ResourceClaim> = Api::all(client.clone());
-    tokio::spawn(
+    background.spawn(
         reflector(
             claim_writer,
             watcher(claims_api, watcher::Config::default()),
@@ -76,12 +91,16 @@ async fn main() -> anyhow::Result<()> {
         driver_name: args.driver_name.clone(),
         backend: backend.clone(),
         hw,
-        store: CheckpointStore::new(args.state_dir.join("claims")),
+        store: CheckpointStore::new(
+            args.state_dir.join("claims"),
+            checkpoint::read_boot_id(&args.boot_id_file),
+        ),
         cdi: CdiWriter::new(&args.cdi_dir),
         mps_root: args.state_dir.join("mps"),
         caps_root: args.nvidia_caps_root.clone(),
         metrics: metrics.clone(),
         claim_cache: Some(claim_cache),
+        background: background.handle().clone(),
     })?;
     let report = driver
         .recover()
@@ -116,7 +135,7 @@ async fn main() -> anyhow::Result<()> {
     let wait_stop = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let loop_task = tokio::spawn(node_loop.run(
+    let loop_task = background.spawn(node_loop.run(
         client,
         registration,
         health_events,
@@ -129,6 +148,7 @@ async fn main() -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     serve_task.await??;
     loop_task.await?;
+    background.shutdown_background();
     Ok(())
 }
 

@@ -5,6 +5,12 @@
 //! or a periodic resync (which also notices slices deleted behind our back, e.g. wiped by
 //! a restarting kubelet). Each pass rebuilds the desired state from scratch, so missing a
 //! wake-up only delays, never loses, an update.
+//!
+//! Passes woken by prepares and unprepares are paced ([`CLAIM_PACE`]): a burst of a
+//! hundred pod starts becomes a few passes instead of a hundred status writes, each of
+//! which costs the API server far more than the prepare that caused it. Nothing waits on
+//! these writes: the scheduler keeps its own account of allocations, and the slices'
+//! order only steers its next choice.
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
@@ -33,6 +39,8 @@ use crate::{
 
 /// How often the loop re-checks everything even without a trigger.
 pub const RESYNC: Duration = Duration::from_secs(60);
+/// The shortest time between two passes woken by prepares or unprepares.
+pub const CLAIM_PACE: Duration = Duration::from_millis(250);
 /// Taint key on devices of a GPU that reported a fault.
 pub const UNHEALTHY_TAINT: &str = "gpu.tessera.dev/unhealthy";
 
@@ -63,6 +71,9 @@ pub struct NodeLoop {
     last_generation: i64,
     slice_count: usize,
     last_warnings: Vec<String>,
+    /// The node's `GpuNode` as last seen by the watch; `None`: not seen yet, or deleted
+    /// (the next pass reads it, creating it when missing).
+    gpunode: Option<GpuNode>,
 }
 
 impl NodeLoop {
@@ -87,12 +98,22 @@ impl NodeLoop {
             last_generation: 0,
             slice_count: 0,
             last_warnings: Vec::new(),
+            gpunode: None,
         }
     }
 
     /// One pass: resolve offers, publish slices, update health and status.
     pub async fn sync_once(&mut self) -> Result<DesiredPool, Error> {
-        let gpunode = self.status.get_or_create().await.map_err(Error::GpuNode)?;
+        let gpunode = match self.gpunode.clone() {
+            Some(g) => g,
+            None => {
+                // A fresh object (first pass, or someone deleted it) has none of our status.
+                self.status.forget();
+                let g = self.status.get_or_create().await.map_err(Error::GpuNode)?;
+                self.gpunode = Some(g.clone());
+                g
+            }
+        };
         let hw = &self.driver.hw;
         let (offers, warnings) = slices::resolve_offers(
             &hw.gpus,
@@ -138,10 +159,11 @@ impl NodeLoop {
             ));
         }
         let checkpoint = self.driver.checkpoint_snapshot().await;
-        let previous = gpunode
+        // Our own last write is newer than the watched object until the watch catches up.
+        let previous = self
             .status
-            .as_ref()
-            .map(|s| s.conditions.clone())
+            .last_conditions()
+            .or_else(|| gpunode.status.as_ref().map(|s| s.conditions.clone()))
             .unwrap_or_default();
         let st = status::compute(
             &StatusInput {
@@ -281,14 +303,15 @@ impl NodeLoop {
         let mut changed = self.driver.subscribe();
         let gpunodes: Api<GpuNode> = Api::all(client);
         let cfg = watcher::Config::default().fields(&format!("metadata.name={}", self.driver.node));
-        let mut spec_events = watcher(gpunodes, cfg)
-            .default_backoff()
-            .applied_objects()
-            .boxed();
+        let mut spec_events = watcher(gpunodes, cfg).default_backoff().boxed();
+        // Whether the current (re-)list delivered the object; a list without it means it
+        // was deleted while the watch was down.
+        let mut listed = false;
         let mut tick = tokio::time::interval(RESYNC);
         let mut backoff = Duration::from_millis(500);
         tokio::pin!(shutdown);
         loop {
+            let pass_started = tokio::time::Instant::now();
             let result = self.sync_once().await;
             match &result {
                 Ok(_) => backoff = Duration::from_millis(500),
@@ -309,23 +332,88 @@ impl NodeLoop {
             } else {
                 RESYNC * 10
             });
-            tokio::select! {
-                () = &mut shutdown => return,
-                _ = changed.changed() => {}
-                _ = registration.changed() => {}
-                Some(_) = spec_events.next() => {}
-                ev = health_events.recv() => {
-                    if let Ok(ev) = ev {
-                        self.on_health_event(ev);
+            tokio::pin!(retry);
+            // Wait for something that calls for a pass.
+            loop {
+                tokio::select! {
+                    () = &mut shutdown => return,
+                    _ = changed.changed() => {
+                        tokio::select! {
+                            () = &mut shutdown => return,
+                            () = tokio::time::sleep_until(pass_started + CLAIM_PACE) => {}
+                        }
+                        break;
                     }
-                }
-                _ = tick.tick() => {
-                    if !self.slices_intact().await {
-                        info!("published slices changed behind our back; republishing");
-                        self.publisher.invalidate();
+                    _ = registration.changed() => break,
+                    Some(ev) = spec_events.next() => {
+                        if self.on_gpunode_event(ev, &mut listed) {
+                            break;
+                        }
                     }
+                    ev = health_events.recv() => {
+                        if let Ok(ev) = ev {
+                            self.on_health_event(ev);
+                        }
+                        break;
+                    }
+                    _ = tick.tick() => {
+                        if !self.slices_intact().await {
+                            info!("published slices changed behind our back; republishing");
+                            self.publisher.invalidate();
+                        }
+                        break;
+                    }
+                    () = &mut retry => break,
                 }
-                () = retry => {}
+            }
+        }
+    }
+
+    /// Keeps the watched `GpuNode`; whether the event calls for a pass. Our own status
+    /// writes come back as events too: they do not (else every write would cause another
+    /// pass and the pacing of claim-driven passes would be lost).
+    fn on_gpunode_event(
+        &mut self,
+        ev: Result<watcher::Event<GpuNode>, watcher::Error>,
+        listed: &mut bool,
+    ) -> bool {
+        match ev {
+            Ok(watcher::Event::Apply(g) | watcher::Event::InitApply(g)) => {
+                *listed = true;
+                let replaced = self
+                    .gpunode
+                    .as_ref()
+                    .is_none_or(|old| old.metadata.uid != g.metadata.uid);
+                if replaced {
+                    self.status.forget();
+                }
+                let spec_changed = replaced
+                    || self
+                        .gpunode
+                        .as_ref()
+                        .is_some_and(|old| old.metadata.generation != g.metadata.generation);
+                self.gpunode = Some(g);
+                spec_changed
+            }
+            Ok(watcher::Event::Delete(_)) => {
+                self.gpunode = None;
+                true
+            }
+            Ok(watcher::Event::Init) => {
+                *listed = false;
+                false
+            }
+            Ok(watcher::Event::InitDone) => {
+                if *listed {
+                    false
+                } else {
+                    self.gpunode = None;
+                    true
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "watching this node's GpuNode failed; retrying");
+                false
             }
         }
     }

@@ -306,6 +306,16 @@ impl StatusWriter {
         }
     }
 
+    /// Forgets what was written, so the next [`write`](Self::write) writes.
+    pub fn forget(&mut self) {
+        self.last = None;
+    }
+
+    /// The conditions of the last status this writer wrote.
+    pub fn last_conditions(&self) -> Option<Vec<Condition>> {
+        self.last.as_ref().map(|s| s.conditions.clone())
+    }
+
     /// Writes `status` unless it equals the last one written (ignoring condition times).
     pub async fn write(&mut self, status: GpuNodeStatus) -> Result<bool, kube::Error> {
         if self.last.as_ref().is_some_and(|l| same(l, &status)) {

@@ -106,7 +106,10 @@ pub struct Driver {
     pub(crate) driver_name: String,
     pub(crate) backend: Arc<dyn GpuBackend>,
     pub(crate) hw: NodeGpus,
-    pub(crate) store: CheckpointStore,
+    store: Arc<CheckpointStore>,
+    /// The in-memory mirror of the checkpoint files. Held only for lookups and inserts,
+    /// never across disk I/O, so claims on different GPUs do not queue behind each other's
+    /// fsync; a claim's own lock orders the writes of one claim.
     pub(crate) checkpoint: Mutex<Checkpoint>,
     pub(crate) cdi: CdiWriter,
     pub(crate) mps_root: std::path::PathBuf,
@@ -117,6 +120,7 @@ pub struct Driver {
         Option<kube::runtime::reflector::Store<k8s_openapi::api::resource::v1::ResourceClaim>>,
     changed: watch::Sender<u64>,
     pub(crate) metrics: Arc<Metrics>,
+    pub(crate) background: tokio::runtime::Handle,
 }
 
 /// Everything a [`Driver`] needs.
@@ -146,6 +150,10 @@ pub struct DriverConfig {
     /// (not synced yet, or the allocation not seen yet).
     pub claim_cache:
         Option<kube::runtime::reflector::Store<k8s_openapi::api::resource::v1::ResourceClaim>>,
+    /// Where the driver's own background work runs (the `ResourceClaim.status` writes).
+    /// The plugin gives it a runtime of its own, so that work never queues in front of a
+    /// kubelet call on the runtime that serves the socket.
+    pub background: tokio::runtime::Handle,
 }
 
 impl Driver {
@@ -165,7 +173,7 @@ impl Driver {
             driver_name: cfg.driver_name,
             backend: cfg.backend,
             hw: cfg.hw,
-            store: cfg.store,
+            store: Arc::new(cfg.store),
             checkpoint: Mutex::new(checkpoint),
             cdi: cfg.cdi,
             mps_root: cfg.mps_root,
@@ -175,6 +183,7 @@ impl Driver {
             claim_cache: cfg.claim_cache,
             changed,
             metrics: cfg.metrics,
+            background: cfg.background,
         }))
     }
 
@@ -217,16 +226,30 @@ impl Driver {
         }
     }
 
-    /// Runs a blocking backend call on the blocking pool.
+    /// Runs a blocking backend call (see [`blocking`]).
     pub(crate) async fn hw<T, F>(&self, f: F) -> Result<T, ClaimError>
     where
         T: Send + 'static,
         F: FnOnce(&dyn GpuBackend) -> Result<T, BackendError> + Send + 'static,
     {
         let backend = self.backend.clone();
-        tokio::task::spawn_blocking(move || f(backend.as_ref()))
+        blocking(move || f(backend.as_ref()))
             .await
             .map_err(|e| ClaimError::Internal(format!("hardware task failed: {e}")))?
+            .map_err(ClaimError::from)
+    }
+
+    /// Runs a checkpoint file operation (see [`blocking`]): an fsync must not stall the
+    /// runtime's few worker threads, which also serve the kubelet's other calls.
+    pub(crate) async fn store_io<T, F>(&self, f: F) -> Result<T, ClaimError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&CheckpointStore) -> crate::checkpoint::Result<T> + Send + 'static,
+    {
+        let store = self.store.clone();
+        blocking(move || f(&store))
+            .await
+            .map_err(|e| ClaimError::Internal(format!("checkpoint task failed: {e}")))?
             .map_err(ClaimError::from)
     }
 
@@ -269,6 +292,24 @@ impl Driver {
     /// A snapshot of the checkpoint.
     pub async fn checkpoint_snapshot(&self) -> Checkpoint {
         self.checkpoint.lock().await.clone()
+    }
+}
+
+/// Runs blocking work (an NVML call, an fsync) without stalling the runtime. On the
+/// multi-threaded runtime the plugin runs on, the current worker hands its other tasks to
+/// the rest and runs `f` itself: no hop to the blocking pool and back, whose two thread
+/// wake-ups cost more than most calls here and, on a busy node, can each wait a scheduler
+/// slice. Elsewhere (single-threaded tests) `f` goes to the blocking pool.
+pub(crate) async fn blocking<T, F>(f: F) -> Result<T, tokio::task::JoinError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    if Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread {
+        Ok(tokio::task::block_in_place(f))
+    } else {
+        tokio::task::spawn_blocking(f).await
     }
 }
 

@@ -117,7 +117,7 @@ impl Driver {
             self.metrics.clone(),
         );
         let (claim, rec) = (c.clone(), record.clone());
-        tokio::spawn(async move {
+        self.background.spawn(async move {
             if let Err(e) = write_claim_status(&client, &driver_name, &claim, &rec).await {
                 warn!(claim = %claim, error = %crate::error_chain(&e), "could not record status.devices on the claim");
                 metrics.status_write_failures.inc();
@@ -134,10 +134,16 @@ impl Driver {
             .map(to_prepared)
     }
 
+    /// Writes a claim's record, then mirrors it in memory. The caller holds the claim's
+    /// lock, so two writes of one claim never race.
     pub(crate) async fn save_record(&self, record: &ClaimRecord) -> Result<(), ClaimError> {
-        let mut cp = self.checkpoint.lock().await;
-        self.store.save_claim(record)?;
-        cp.claims.insert(record.uid.clone(), record.clone());
+        let on_disk = record.clone();
+        self.store_io(move |s| s.save_claim(&on_disk)).await?;
+        self.checkpoint
+            .lock()
+            .await
+            .claims
+            .insert(record.uid.clone(), record.clone());
         Ok(())
     }
 
