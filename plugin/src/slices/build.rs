@@ -170,7 +170,7 @@ fn gpu_devices(
         }
         (
             GpuOffer::Mps {
-                max_clients: _,
+                max_clients,
                 default_thread_percentage,
                 default_memory_mib,
             },
@@ -180,6 +180,7 @@ fn gpu_devices(
             vec![mps_device(
                 info,
                 &base,
+                *max_clients,
                 *default_thread_percentage,
                 *default_memory_mib,
             )],
@@ -373,12 +374,16 @@ fn whole_gpu(info: &GpuInfo, base: &BTreeMap<String, DeviceAttribute>) -> Device
 fn mps_device(
     info: &GpuInfo,
     base: &BTreeMap<String, DeviceAttribute>,
+    max_clients: u32,
     default_pct: u32,
     default_mib: u64,
 ) -> Device {
     let mut attributes = base.clone();
     attributes.insert("type".into(), string(device_type::MPS));
     let mut capacity = BTreeMap::new();
+    // Compute shares alone would let a hundred 1 % claims onto a GPU whose MPS server
+    // takes at most 48 clients: every claim also consumes one client slot.
+    capacity.insert(capacity::CLIENTS.into(), one_per_claim(max_clients));
     // The scheduler rounds a request up to the policy and records what it granted in
     // `consumedCapacity`; the plugin enforces exactly that amount.
     capacity.insert(
@@ -424,6 +429,18 @@ fn mps_device(
     }
 }
 
+/// A `clients` capacity of `max_clients` of which every claim consumes exactly one.
+fn one_per_claim(max_clients: u32) -> DeviceCapacity {
+    DeviceCapacity {
+        value: Quantity(max_clients.to_string()),
+        request_policy: Some(CapacityRequestPolicy {
+            default: Some(Quantity("1".into())),
+            valid_range: None,
+            valid_values: Some(vec![Quantity("1".into())]),
+        }),
+    }
+}
+
 fn timeslice_device(
     info: &GpuInfo,
     base: &BTreeMap<String, DeviceAttribute>,
@@ -432,17 +449,7 @@ fn timeslice_device(
     let mut attributes = base.clone();
     attributes.insert("type".into(), string(device_type::TIMESLICE));
     let mut capacity = BTreeMap::new();
-    capacity.insert(
-        capacity::CLIENTS.into(),
-        DeviceCapacity {
-            value: Quantity(max_clients.to_string()),
-            request_policy: Some(CapacityRequestPolicy {
-                default: Some(Quantity("1".into())),
-                valid_range: None,
-                valid_values: Some(vec![Quantity("1".into())]),
-            }),
-        },
-    );
+    capacity.insert(capacity::CLIENTS.into(), one_per_claim(max_clients));
     Device {
         name: naming::gpu_device_name(info.index),
         attributes: Some(attributes),

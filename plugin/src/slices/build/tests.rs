@@ -676,6 +676,19 @@ fn an_mps_gpu_offers_one_shareable_device_with_compute_and_memory_capacity() {
     assert_eq!(range.max.as_ref().map(units), Some(100));
     assert_eq!(range.step.as_ref().map(units), Some(1));
 
+    // One client slot per claim, maxClients of them: the scheduler enforces the limit.
+    let clients = capacity(&d, capacity::CLIENTS);
+    assert_eq!(units(&clients.value), 8);
+    let policy = clients.request_policy.as_ref().expect("requestPolicy");
+    assert_eq!(policy.default.as_ref().map(units), Some(1));
+    assert_eq!(
+        policy
+            .valid_values
+            .as_ref()
+            .map(|v| v.iter().map(units).collect::<Vec<_>>()),
+        Some(vec![1])
+    );
+
     let memory = capacity(&d, capacity::MEMORY);
     let policy = memory.request_policy.as_ref().expect("requestPolicy");
     assert!(policy.valid_values.is_none());
