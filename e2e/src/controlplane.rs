@@ -114,6 +114,10 @@ pub struct ControlPlaneOptions {
     /// Feature gates set on top of the version's own (e.g. `DRAConsumableCapacity=false`
     /// to see how the plugin copes with a cluster that lacks a feature).
     pub extra_feature_gates: Vec<String>,
+    /// CPU niceness of every component (`nice -n`); `None`: the caller's. The benchmark
+    /// sets it so that on a small machine the control plane yields the CPU to the process
+    /// measured, as it would from its own machines in a real cluster.
+    pub nice: Option<i32>,
 }
 
 impl ControlPlaneOptions {
@@ -123,6 +127,7 @@ impl ControlPlaneOptions {
             bins,
             dir: None,
             extra_feature_gates: Vec::new(),
+            nice: None,
         }
     }
 }
@@ -153,6 +158,7 @@ pub struct ControlPlane {
     bins: BinDir,
     detached: bool,
     extra_gates: Vec<String>,
+    nice: Option<i32>,
 }
 
 impl ControlPlane {
@@ -181,6 +187,7 @@ impl ControlPlane {
         let extra_gates = opts.extra_feature_gates;
         let mut cp = Self {
             extra_gates,
+            nice: opts.nice,
             kubeconfig: dir.join("admin.kubeconfig"),
             dir,
             temp,
@@ -334,7 +341,7 @@ impl ControlPlane {
     }
 
     fn spawn(&mut self, name: &'static str, args: Vec<String>, logs: &Path) -> Result<()> {
-        let c = process::spawn(name, &self.bins.path(name), &args, logs)?;
+        let c = process::spawn(name, &self.bins.path(name), &args, logs, self.nice)?;
         self.components.push(c);
         write_state(&self.dir, &self.state())?;
         Ok(())

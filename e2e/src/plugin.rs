@@ -44,12 +44,25 @@ pub struct SimNode {
     /// Node name.
     pub name: String,
     _dir: tempfile::TempDir,
+    /// What a node keeps on tmpfs (`/var/run`): the CDI specs.
+    run: tempfile::TempDir,
     root: PathBuf,
     kubeconfig: PathBuf,
     metrics_port: u16,
     process: Option<Child>,
     /// The kubelet stand-in of this node.
     pub kubelet: KubeletStandIn,
+}
+
+/// Where volatile node directories go: `/dev/shm` (tmpfs) when the machine has it, so the
+/// CDI specs live in memory as under `/var/run` on a real node.
+fn volatile_root() -> PathBuf {
+    let shm = PathBuf::from("/dev/shm");
+    if shm.is_dir() {
+        shm
+    } else {
+        std::env::temp_dir()
+    }
 }
 
 impl SimNode {
@@ -60,10 +73,15 @@ impl SimNode {
         cluster::create_node(&admin, name, &[("tessera.dev/gpu", "true")]).await?;
         cluster::apply_dir(&admin, &repo_root().join("config/rbac"), false).await?;
         let dir = tempfile::Builder::new().prefix("tessera-node-").tempdir()?;
+        let run = tempfile::Builder::new()
+            .prefix("tessera-node-run-")
+            .tempdir_in(volatile_root())?;
         let root = dir.path().to_path_buf();
-        for sub in ["registry", "plugins", "cdi", "state"] {
+        for sub in ["registry", "plugins", "state"] {
             std::fs::create_dir_all(root.join(sub))?;
         }
+        std::fs::create_dir_all(run.path().join("cdi"))?;
+        std::fs::write(root.join("boot_id"), uuid::Uuid::new_v4().to_string())?;
         std::fs::write(root.join("inventory.yaml"), inventory)?;
         let kubeconfig = root.join("plugin.kubeconfig");
         cluster::node_bound_kubeconfig(cp, "tessera-system", "tessera-plugin", name, &kubeconfig)
@@ -75,6 +93,7 @@ impl SimNode {
         let mut node = Self {
             name: name.to_string(),
             _dir: dir,
+            run,
             root,
             kubeconfig,
             metrics_port,
@@ -106,6 +125,8 @@ impl SimNode {
             .arg(self.cdi_dir())
             .arg("--state-dir")
             .arg(self.state_dir())
+            .arg("--boot-id-file")
+            .arg(self.root.join("boot_id"))
             .arg("--metrics-address")
             .arg(format!("127.0.0.1:{}", self.metrics_port))
             .arg("--kubeconfig")
@@ -177,6 +198,34 @@ impl SimNode {
         Ok(())
     }
 
+    /// Simulates a reboot of the node: the plugin dies, and what a reboot wipes is gone
+    /// when it starts again: MIG instances (the MIG mode stays, as on an A100), MPS
+    /// daemons and compute modes, the CDI specs (tmpfs); the boot ID is new. The
+    /// checkpoint on disk survives, as it would.
+    pub async fn reboot(&mut self) -> anyhow::Result<()> {
+        self.kill();
+        let mut state = tessera_gpu::backend::sim::state::load_state(&self.sim_state())?
+            .context("the simulated hardware has no state file yet")?;
+        for g in &mut state.gpus {
+            g.instances.clear();
+            g.mps = None;
+            g.compute_mode = tessera_gpu::backend::ComputeMode::Default;
+            g.mig_enabled = g.mig_pending;
+        }
+        tessera_gpu::backend::sim::state::save_state(&self.sim_state(), &state)?;
+        for entry in std::fs::read_dir(self.cdi_dir())? {
+            std::fs::remove_file(entry?.path())?;
+        }
+        std::fs::write(self.root.join("boot_id"), uuid::Uuid::new_v4().to_string())?;
+        let before = self.kubelet.registrations();
+        self.spawn()?;
+        self.kubelet
+            .wait_registered(before + 1, Duration::from_secs(60))
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}\nplugin log:\n{}", self.log_tail(40)))?;
+        Ok(())
+    }
+
     /// Whether the plugin process is still running.
     pub fn plugin_running(&mut self) -> bool {
         self.process
@@ -201,9 +250,10 @@ impl SimNode {
         Ok((status, body))
     }
 
-    /// CDI spec directory.
+    /// CDI spec directory: on tmpfs where the machine has one, as `/var/run/cdi` is on
+    /// a real node.
     pub fn cdi_dir(&self) -> PathBuf {
-        self.root.join("cdi")
+        self.run.path().join("cdi")
     }
 
     /// Plugin state directory (checkpoint, simulated hardware).

@@ -42,11 +42,22 @@ pub(crate) fn spawn(
     binary: &Path,
     args: &[String],
     log_dir: &Path,
+    nice: Option<i32>,
 ) -> Result<Component, Error> {
     let log = log_dir.join(format!("{name}.log"));
     let out = File::create(&log).map_err(|e| Error::Log(log.clone(), e))?;
     let err = out.try_clone().map_err(|e| Error::Log(log.clone(), e))?;
-    let child = Command::new(binary)
+    // `nice` execs the binary, so the pid (and process group) is the component's, and
+    // every thread it starts inherits the niceness.
+    let mut cmd = match nice {
+        Some(n) => {
+            let mut c = Command::new("nice");
+            c.arg("-n").arg(n.to_string()).arg(binary);
+            c
+        }
+        None => Command::new(binary),
+    };
+    let child = cmd
         .args(args)
         .stdin(Stdio::null())
         .stdout(out)

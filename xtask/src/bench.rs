@@ -26,6 +26,11 @@ pub struct Args {
     /// Calls in flight in the concurrent phase.
     #[arg(long, default_value_t = 16)]
     pub in_flight: usize,
+    /// CPU niceness of the control plane (0: the same as the plugin). The default makes
+    /// the API server, which in a cluster runs on other machines, yield the CPU to the
+    /// plugin measured.
+    #[arg(long, default_value_t = bench::DEFAULT_CONTROL_PLANE_NICE, value_parser = clap::value_parser!(i32).range(0..=19))]
+    pub control_plane_nice: i32,
     /// Also write the figures as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -65,6 +70,7 @@ pub fn run(args: Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     cmd.arg("bench")
         .args(["--claims", &args.claims.to_string()])
         .args(["--in-flight", &args.in_flight.to_string()])
+        .args(["--control-plane-nice", &args.control_plane_nice.to_string()])
         .arg("--skip-build")
         .env("TESSERA_PLUGIN_BIN", &plugin)
         // Measure the plugin as it runs in production: info-level logs.
@@ -93,6 +99,7 @@ fn measure(args: &Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     let opts = bench::Options {
         claims: args.claims,
         in_flight: args.in_flight,
+        control_plane_nice: (args.control_plane_nice != 0).then_some(args.control_plane_nice),
         ..bench::Options::default()
     };
     let started = std::time::Instant::now();

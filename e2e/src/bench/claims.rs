@@ -2,6 +2,11 @@
 //! allocated by hand as the scheduler would, `NodePrepareResources` and
 //! `NodeUnprepareResources` calls run one after the other or with several in flight, and
 //! the checks that every call did the whole job (CDI specs, claim status).
+//!
+//! The claims go through in waves of at most [`MAX_CLIENTS`]: an MPS server takes at most
+//! 48 clients on Volta and newer, the bench node's `maxClients` says so, and the `clients`
+//! capacity makes the scheduler hold to it. A node holding a thousand MPS shares of one GPU
+//! cannot exist, so it is not what this measures.
 
 use std::{
     path::PathBuf,
@@ -33,7 +38,7 @@ pub(super) async fn enable_mps(client: &Client) -> anyhow::Result<()> {
             &Patch::Apply(json!({
                 "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
                 "metadata": {"name": CLAIM_NODE},
-                "spec": {"gpus": [{"index": 0, "strategy": "MPS", "mps": {"maxClients": 48}}]}
+                "spec": {"gpus": [{"index": 0, "strategy": "MPS", "mps": {"maxClients": MAX_CLIENTS}}]}
             })),
         )
         .await
@@ -55,8 +60,12 @@ pub(super) async fn enable_mps(client: &Client) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// MPS clients of the bench GPU, and so the most claims prepared at once.
+pub(super) const MAX_CLIENTS: usize = 48;
+
 /// Creates `n` claims and allocates each by hand, as the scheduler would: the MPS device
-/// of the bench node, with a fresh share ID and a small consumed capacity.
+/// of the bench node, with a fresh share ID and what the scheduler would consume for a
+/// request of 2 % of the threads and 256 MiB (one client slot of [`MAX_CLIENTS`]).
 pub(super) async fn create_claims(
     client: &Client,
     n: usize,
@@ -81,7 +90,7 @@ pub(super) async fn create_claims(
                 "devices": {"results": [{
                     "request": "gpu", "driver": DRIVER_NAME, "pool": CLAIM_NODE,
                     "device": MPS_DEVICE, "shareID": uuid::Uuid::new_v4().to_string(),
-                    "consumedCapacity": {"computePercent": "1", "memory": "256Mi"}
+                    "consumedCapacity": {"clients": "1", "computePercent": "2", "memory": "256Mi"}
                 }]},
                 // The plugin's node-bound token may only write the status of claims
                 // allocated on its node.
@@ -140,40 +149,84 @@ pub(super) async fn unprepare_one(dra: &DraClient, c: &ClaimRef) -> anyhow::Resu
     }
 }
 
-/// Runs `call` for each claim, one after the other; every latency and the wall time.
-pub(super) async fn sequential<'a, F, Fut>(
-    claims: &'a [ClaimRef],
-    call: F,
-) -> anyhow::Result<(Vec<Duration>, Duration)>
-where
-    F: Fn(&'a ClaimRef) -> Fut,
-    Fut: Future<Output = anyhow::Result<Duration>>,
-{
-    let started = Instant::now();
-    let mut out = Vec::with_capacity(claims.len());
-    for c in claims {
-        out.push(call(c).await?);
+/// Latencies of one kind of call over all waves, and the time the calls took.
+#[derive(Default)]
+pub(super) struct Phase {
+    /// Every call's latency, in call order within each wave.
+    pub latencies: Vec<Duration>,
+    /// Sum over the waves of the time from the first call to the last answer.
+    pub wall: Duration,
+    /// Largest size of the plugin's checkpoint directory after a half wave, in bytes.
+    pub peak_checkpoint_bytes: u64,
+}
+
+/// Bytes in the plugin's checkpoint directory (one file per prepared claim).
+fn checkpoint_bytes(node: &SimNode) -> u64 {
+    std::fs::read_dir(node.state_dir().join("claims"))
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Prepares and unprepares every claim in waves of at most [`MAX_CLIENTS`], `in_flight`
+/// calls at a time (1: one after the other), checking after each half of each wave that
+/// the calls did their job. Returns the prepare and the unprepare phase.
+pub(super) async fn waves(
+    dra: &DraClient,
+    node: &SimNode,
+    claims: &[ClaimRef],
+    in_flight: usize,
+) -> anyhow::Result<(Phase, Phase)> {
+    let (mut prepare, mut unprepare) = (Phase::default(), Phase::default());
+    for wave in claims.chunks(MAX_CLIENTS) {
+        let started = Instant::now();
+        let took = run(wave, in_flight, |c| prepare_one(dra, c)).await?;
+        prepare.wall += started.elapsed();
+        prepare.latencies.extend(took);
+        prepare.peak_checkpoint_bytes = prepare.peak_checkpoint_bytes.max(checkpoint_bytes(node));
+        check_prepared_files(node, wave)?;
+        let started = Instant::now();
+        let took = run(wave, in_flight, |c| unprepare_one(dra, c)).await?;
+        unprepare.wall += started.elapsed();
+        unprepare.latencies.extend(took);
+        check_unprepared(node, wave)?;
     }
-    Ok((out, started.elapsed()))
+    Ok((prepare, unprepare))
+}
+
+/// The latencies of the first `n` and of the last `n` calls of each wave: with few and
+/// with many claims already prepared.
+pub(super) fn by_claims_held(latencies: &[Duration], n: usize) -> (Vec<Duration>, Vec<Duration>) {
+    let (mut few, mut many) = (Vec::new(), Vec::new());
+    for wave in latencies.chunks(MAX_CLIENTS) {
+        few.extend(wave.iter().take(n));
+        if wave.len() == MAX_CLIENTS {
+            many.extend(&wave[MAX_CLIENTS - n..]);
+        }
+    }
+    (few, many)
 }
 
 /// Runs `call` for each claim with `in_flight` calls outstanding at all times; every
-/// latency (queueing in the plugin included, as the kubelet would see it) and the wall time.
-pub(super) async fn concurrent<'a, F, Fut>(
+/// latency in claim order (queueing in the plugin included, as the kubelet would see it).
+async fn run<'a, F, Fut>(
     claims: &'a [ClaimRef],
     in_flight: usize,
     call: F,
-) -> anyhow::Result<(Vec<Duration>, Duration)>
+) -> anyhow::Result<Vec<Duration>>
 where
     F: Fn(&'a ClaimRef) -> Fut,
     Fut: Future<Output = anyhow::Result<Duration>>,
 {
-    let started = Instant::now();
-    let out: Vec<Duration> = stream::iter(claims.iter().map(call))
-        .buffer_unordered(in_flight)
+    stream::iter(claims.iter().map(call))
+        .buffered(in_flight.max(1))
         .try_collect()
-        .await?;
-    Ok((out, started.elapsed()))
+        .await
 }
 
 fn cdi_spec(node: &SimNode, c: &ClaimRef) -> PathBuf {
@@ -181,20 +234,24 @@ fn cdi_spec(node: &SimNode, c: &ClaimRef) -> PathBuf {
         .join(format!("k8s.{DRIVER_NAME}-claim_{}.json", c.uid))
 }
 
-/// Every claim has its CDI spec on disk and `status.devices` written by the plugin: the
-/// calls did the whole job, not a shortcut.
-pub(super) async fn check_prepared(
-    node: &SimNode,
-    client: &Client,
-    claims: &[ClaimRef],
-) -> anyhow::Result<()> {
+/// Every claim of a wave has its CDI spec on disk: the prepare did the whole job.
+fn check_prepared_files(node: &SimNode, claims: &[ClaimRef]) -> anyhow::Result<()> {
     if let Some(c) = claims.iter().find(|c| !cdi_spec(node, c).is_file()) {
         bail!(
             "prepare of {c} succeeded but {} does not exist",
             cdi_spec(node, c).display()
         );
     }
-    // status.devices is written off the kubelet's path: give the writes time to land.
+    Ok(())
+}
+
+/// Every claim has `status.devices` written by the plugin. The write is off the kubelet's
+/// path, so it is given time to land.
+pub(super) async fn check_claim_status(
+    node: &SimNode,
+    client: &Client,
+    claims: &[ClaimRef],
+) -> anyhow::Result<()> {
     let api: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
     let deadline = Instant::now() + std::time::Duration::from_secs(60);
     loop {
@@ -223,7 +280,7 @@ pub(super) async fn check_prepared(
 }
 
 /// Every claim's CDI spec is gone again.
-pub(super) fn check_unprepared(node: &SimNode, claims: &[ClaimRef]) -> anyhow::Result<()> {
+fn check_unprepared(node: &SimNode, claims: &[ClaimRef]) -> anyhow::Result<()> {
     if let Some(c) = claims.iter().find(|c| cdi_spec(node, c).exists()) {
         bail!(
             "unprepare of {c} succeeded but {} still exists",

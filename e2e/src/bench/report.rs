@@ -19,6 +19,8 @@ pub struct Report {
     pub claims: usize,
     /// Calls in flight in the concurrent phase.
     pub in_flight: usize,
+    /// CPU niceness the control plane ran at.
+    pub control_plane_nice: i32,
     /// Size of the plugin's checkpoint (one file per claim) with every claim prepared.
     pub checkpoint_bytes_at_peak: u64,
     /// One row per measured operation.
@@ -112,8 +114,9 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "Kubernetes {}, plugin {}, bench built {}; {} claims, {} in flight; checkpoint at peak {} KiB",
+            "Kubernetes {} (control plane at niceness {}), plugin {}, bench built {}; {} claims, {} in flight; checkpoint at peak {} KiB",
             self.kubernetes,
+            self.control_plane_nice,
             self.plugin_binary,
             self.bench_profile,
             self.claims,
@@ -181,6 +184,7 @@ mod tests {
             bench_profile: "debug",
             claims: 1,
             in_flight: 1,
+            control_plane_nice: 0,
             checkpoint_bytes_at_peak: 0,
             metrics: vec![slow, fast],
         };
