@@ -25,6 +25,9 @@ use tessera_plugin::{
 use tokio::sync::watch;
 use tracing::info;
 
+/// How much lower the background threads' CPU priority is than the kubelet-facing ones'.
+const BACKGROUND_NICENESS: i32 = 10;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -38,6 +41,13 @@ async fn main() -> anyhow::Result<()> {
     let background = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("tessera-background")
+        // On Linux the niceness is per thread: these threads, and only these, give way
+        // when a kubelet call wants the CPU.
+        .on_thread_start(|| {
+            if let Err(e) = rustix::process::nice(BACKGROUND_NICENESS) {
+                tracing::debug!(error = %e, "could not lower the background thread's priority");
+            }
+        })
         .enable_all()
         .build()
         .context("starting the background runtime")?;
