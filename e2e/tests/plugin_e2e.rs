@@ -309,6 +309,25 @@ async fn mig_mps_and_whole_gpu_pods_run_and_deleting_them_destroys_what_was_made
         0,
         "CDI specs removed"
     );
+    // The prepares switched GPU 0 (MIG off at start) into MIG mode, and the mode stays
+    // after its instances are gone: the status follows the hardware, not the start-up.
+    assert!(state.gpus[0].mig_enabled);
+    let gpunodes: Api<tessera_api::GpuNode> = Api::all(client.clone());
+    cluster::wait_for(
+        &gpunodes,
+        "h100-node",
+        |g: Option<&tessera_api::GpuNode>| {
+            g.and_then(|g| g.status.as_ref()).is_some_and(|s| {
+                s.gpus
+                    .first()
+                    .is_some_and(|g| g.mig_enabled && g.instances.is_empty())
+            })
+        },
+        "GpuNode status to show GPU 0 in MIG mode with no instances",
+        WAIT,
+    )
+    .await
+    .unwrap();
     // Republished to match the freed hardware: GPU 0 is offered first again, with its
     // placements in the order of an empty GPU (the order follows occupancy).
     let layout = tessera_gpu::find_model("h100-80gb")

@@ -114,7 +114,19 @@ impl NodeLoop {
                 g
             }
         };
-        let hw = &self.driver.hw;
+        // The GPUs' identity is fixed, their MIG mode is not: a prepare switches an idle
+        // Hopper GPU, an admin resets an A100. Read it each pass, so offers and status
+        // follow the hardware rather than the start-up snapshot.
+        // A GPU that fell off the bus can make the listing fail: then the snapshot serves
+        // (the health taints say the rest).
+        let gpus = match self.driver.hw(|b| b.gpus()).await {
+            Ok(g) if g.len() == self.driver.hw.gpus.len() => g,
+            Ok(_) | Err(_) => self.driver.hw.gpus.clone(),
+        };
+        let hw = &crate::driver::NodeGpus {
+            gpus,
+            layouts: self.driver.hw.layouts.clone(),
+        };
         let (offers, warnings) = slices::resolve_offers(
             &hw.gpus,
             |g| hw.layouts.get(&g.index),
