@@ -8,6 +8,7 @@
 //! | `tessera_plugin_devices_published` | gauge | `type` (`gpu`/`mig`/`mps`/`timeslice`) |
 //! | `tessera_plugin_devices_prepared` | gauge | `type` |
 //! | `tessera_plugin_claim_status_write_failures_total` | counter | |
+//! | `tessera_plugin_claim_status_writes_pending` | gauge | |
 //! | `tessera_plugin_slice_publish_total` | counter | `result` |
 
 use std::time::Duration;
@@ -52,6 +53,9 @@ pub struct Metrics {
     publishes: Family<ResultLabel, Counter>,
     /// Claims whose `status.devices` could not be written.
     pub status_write_failures: Counter,
+    /// `status.devices` writes started and not yet answered (a backlog means the API
+    /// server is slow or unreachable).
+    pub status_writes_pending: Gauge,
 }
 
 impl Default for Metrics {
@@ -77,6 +81,7 @@ impl Metrics {
         let prepared = Family::<TypeLabel, Gauge>::default();
         let publishes = Family::<ResultLabel, Counter>::default();
         let status_write_failures = Counter::default();
+        let status_writes_pending = Gauge::default();
         registry.register(
             "prepare_duration_seconds",
             "NodePrepareResources time per claim",
@@ -112,6 +117,11 @@ impl Metrics {
             "Claims whose status.devices could not be written",
             status_write_failures.clone(),
         );
+        registry.register(
+            "claim_status_writes_pending",
+            "status.devices writes started and not yet answered",
+            status_writes_pending.clone(),
+        );
         Self {
             registry,
             prepare,
@@ -121,6 +131,7 @@ impl Metrics {
             prepared,
             publishes,
             status_write_failures,
+            status_writes_pending,
         }
     }
 

@@ -234,6 +234,31 @@ fn cdi_spec(node: &SimNode, c: &ClaimRef) -> PathBuf {
         .join(format!("k8s.{DRIVER_NAME}-claim_{}.json", c.uid))
 }
 
+/// Waits until the plugin has no `status.devices` write outstanding, so the next phase is
+/// not measured against the API server still working off this one's writes.
+pub(super) async fn wait_status_writes_settled(node: &SimNode) -> anyhow::Result<()> {
+    const PENDING: &str = "tessera_plugin_claim_status_writes_pending ";
+    let deadline = Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let (code, body) = node.http_get("/metrics").await?;
+        ensure!(code == 200, "the plugin's /metrics answered {code}");
+        let pending = body
+            .lines()
+            .find_map(|l| l.strip_prefix(PENDING))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .context("the plugin's /metrics has no claim_status_writes_pending")?;
+        if pending == 0.0 {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{pending} status.devices writes still pending after 2 minutes (see {})",
+            node.log_path().display()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 /// Every claim of a wave has its CDI spec on disk: the prepare did the whole job.
 fn check_prepared_files(node: &SimNode, claims: &[ClaimRef]) -> anyhow::Result<()> {
     if let Some(c) = claims.iter().find(|c| !cdi_spec(node, c).is_file()) {

@@ -24,7 +24,10 @@ use tessera_plugin::kubelet::client::{DraClient, KUBELET_CALL_TIMEOUT};
 
 pub use self::report::{Metric, Report, Target};
 use self::{
-    claims::{MAX_CLIENTS, by_claims_held, check_claim_status, create_claims, enable_mps, waves},
+    claims::{
+        MAX_CLIENTS, by_claims_held, check_claim_status, create_claims, enable_mps,
+        wait_status_writes_settled, waves,
+    },
     reference::{api_round_trip, api_status_write, durable_write},
     slices::H100x8,
 };
@@ -138,6 +141,7 @@ pub async fn plugin_overhead(
     let (prepare, unprepare) = waves(&dra, &node, &claims, 1).await?;
     let checkpoint_bytes_at_peak = prepare.peak_checkpoint_bytes;
     check_claim_status(&node, &client, &claims).await?;
+    wait_status_writes_settled(&node).await?;
     metrics.push(
         Metric::new(
             "prepare, sequential",
@@ -172,6 +176,7 @@ pub async fn plugin_overhead(
         opts.claims, opts.in_flight
     ));
     let (prepare, unprepare) = waves(&dra, &node, &claims, opts.in_flight).await?;
+    wait_status_writes_settled(&node).await?;
     metrics.push(Metric::new(
         &format!("prepare, {} in flight", opts.in_flight),
         &prepare.latencies,

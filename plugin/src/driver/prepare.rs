@@ -117,11 +117,13 @@ impl Driver {
             self.metrics.clone(),
         );
         let (claim, rec) = (c.clone(), record.clone());
+        metrics.status_writes_pending.inc();
         self.background.spawn(async move {
             if let Err(e) = write_claim_status(&client, &driver_name, &claim, &rec).await {
                 warn!(claim = %claim, error = %crate::error_chain(&e), "could not record status.devices on the claim");
                 metrics.status_write_failures.inc();
             }
+            metrics.status_writes_pending.dec();
         });
         Ok(to_prepared(&record))
     }
