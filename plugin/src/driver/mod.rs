@@ -121,7 +121,14 @@ pub struct Driver {
     changed: watch::Sender<u64>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) background: tokio::runtime::Handle,
+    /// Bounds the `status.devices` writes in flight (see [`STATUS_WRITES_IN_FLIGHT`]).
+    pub(crate) status_writes: Arc<tokio::sync::Semaphore>,
 }
+
+/// How many `status.devices` writes the plugin has in flight at once. A burst of prepares
+/// queues its writes instead of opening one request each: the API server works them off
+/// one after another and the node's CPUs stay free for the kubelet's calls.
+pub const STATUS_WRITES_IN_FLIGHT: usize = 2;
 
 /// Everything a [`Driver`] needs.
 pub struct DriverConfig {
@@ -184,6 +191,7 @@ impl Driver {
             changed,
             metrics: cfg.metrics,
             background: cfg.background,
+            status_writes: Arc::new(tokio::sync::Semaphore::new(STATUS_WRITES_IN_FLIGHT)),
         }))
     }
 
