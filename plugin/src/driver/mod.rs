@@ -126,8 +126,8 @@ pub struct Driver {
 }
 
 /// How many `status.devices` writes the plugin has in flight at once. A burst of prepares
-/// queues its writes instead of opening one request each: the API server works them off
-/// one after another and the node's CPUs stay free for the kubelet's calls.
+/// queues its writes instead of opening one request each, which would have the API server
+/// take every core it can; two keep one slow write from holding up the rest.
 pub const STATUS_WRITES_IN_FLIGHT: usize = 2;
 
 /// Everything a [`Driver`] needs.
