@@ -155,12 +155,14 @@ impl NodeLoop {
             .collect();
         let mut pool = slices::build_pool(&views, None);
         self.apply_taints(&mut pool);
+        // Health first: the kubelet's stream must not tell a GPU is healthy after its
+        // slices already carry the taint (and it needs no API write).
+        self.publish_health(&pool);
         let outcome = self.publisher.publish(&pool).await;
         self.driver.metrics.observe_publish(outcome.is_ok());
         let outcome = outcome?;
         self.last_generation = outcome.generation;
         self.slice_count = pool.slice_count();
-        self.publish_health(&pool);
         self.count_devices(&pool).await;
 
         let mut problems = Vec::new();
