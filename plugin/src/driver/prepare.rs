@@ -121,10 +121,9 @@ impl Driver {
         let permits = self.status_writes.clone();
         self.background.spawn(async move {
             // Closed only if the driver is gone, and then the write does not matter.
-            let Ok(_permit) = permits.acquire_owned().await else {
-                return;
-            };
-            if let Err(e) = write_claim_status(&client, &driver_name, &claim, &rec).await {
+            if let Ok(_permit) = permits.acquire_owned().await
+                && let Err(e) = write_claim_status(&client, &driver_name, &claim, &rec).await
+            {
                 warn!(claim = %claim, error = %crate::error_chain(&e), "could not record status.devices on the claim");
                 metrics.status_write_failures.inc();
             }

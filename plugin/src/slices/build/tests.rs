@@ -646,6 +646,21 @@ fn static_mig_skips_placements_the_gpu_cannot_have() {
     assert_eq!(names, ["gpu-0-mig-1g-10gb-3"]);
 }
 
+/// `clients` capacity of `max_clients`, of which every claim consumes exactly one.
+fn assert_one_client_slot_per_claim(d: &Device, max_clients: u64) {
+    let clients = capacity(d, capacity::CLIENTS);
+    assert_eq!(units(&clients.value), max_clients);
+    let policy = clients.request_policy.as_ref().expect("requestPolicy");
+    assert_eq!(policy.default.as_ref().map(units), Some(1));
+    assert_eq!(
+        policy
+            .valid_values
+            .as_ref()
+            .map(|v| v.iter().map(units).collect::<Vec<_>>()),
+        Some(vec![1])
+    );
+}
+
 fn mps_device_of(default_memory_mib: u64) -> Device {
     let pool = build(&[h100_offering(GpuOffer::Mps {
         max_clients: 8,
@@ -677,17 +692,7 @@ fn an_mps_gpu_offers_one_shareable_device_with_compute_and_memory_capacity() {
     assert_eq!(range.step.as_ref().map(units), Some(1));
 
     // One client slot per claim, maxClients of them: the scheduler enforces the limit.
-    let clients = capacity(&d, capacity::CLIENTS);
-    assert_eq!(units(&clients.value), 8);
-    let policy = clients.request_policy.as_ref().expect("requestPolicy");
-    assert_eq!(policy.default.as_ref().map(units), Some(1));
-    assert_eq!(
-        policy
-            .valid_values
-            .as_ref()
-            .map(|v| v.iter().map(units).collect::<Vec<_>>()),
-        Some(vec![1])
-    );
+    assert_one_client_slot_per_claim(&d, 8);
 
     let memory = capacity(&d, capacity::MEMORY);
     let policy = memory.request_policy.as_ref().expect("requestPolicy");
@@ -730,17 +735,7 @@ fn a_time_sliced_gpu_offers_one_device_with_client_capacity() {
     assert_eq!(d.allow_multiple_allocations, Some(true));
     assert_eq!(str_attr(d, "type"), "timeslice");
     assert!(d.consumes_counters.is_none());
-    let clients = capacity(d, capacity::CLIENTS);
-    assert_eq!(units(&clients.value), 4);
-    let policy = clients.request_policy.as_ref().expect("requestPolicy");
-    assert_eq!(policy.default.as_ref().map(units), Some(1));
-    assert_eq!(
-        policy
-            .valid_values
-            .as_ref()
-            .map(|v| v.iter().map(units).collect::<Vec<_>>()),
-        Some(vec![1])
-    );
+    assert_one_client_slot_per_claim(d, 4);
 }
 
 #[test]
