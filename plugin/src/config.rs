@@ -106,6 +106,17 @@ pub struct Args {
     #[arg(long, env = "TESSERA_METRICS_ADDRESS", default_value = "0.0.0.0:8080")]
     pub metrics_address: SocketAddr,
 
+    /// Average rate, per second, of the plugin's `ResourceClaim.status.devices` writes (one
+    /// per prepared claim). A burst of prepares queues its writes behind this limit, so the
+    /// status trails the burst instead of the writes crowding the API server; 0 lifts it.
+    #[arg(long, env = "TESSERA_CLAIM_STATUS_QPS", default_value_t = 20.0)]
+    pub claim_status_qps: f64,
+
+    /// How many `status.devices` writes may go out at once before `--claim-status-qps`
+    /// applies.
+    #[arg(long, env = "TESSERA_CLAIM_STATUS_BURST", default_value_t = 40)]
+    pub claim_status_burst: u32,
+
     /// Log format.
     #[arg(long, env = "TESSERA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -142,5 +153,6 @@ mod tests {
             PathBuf::from("/var/lib/kubelet/plugins_registry")
         );
         assert_eq!(a.default_strategy, DefaultStrategy::DynamicMig);
+        assert!(a.claim_status_qps > 0.0 && a.claim_status_burst > 0);
     }
 }

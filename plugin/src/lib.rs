@@ -19,6 +19,7 @@ pub mod kubelet;
 pub mod metrics;
 pub mod node;
 pub mod quantity;
+pub mod ratelimit;
 pub mod slices;
 pub mod status;
 

@@ -21,6 +21,7 @@ use tessera_plugin::{
     kubelet::{self, KubeletServerConfig},
     metrics::Metrics,
     node::NodeLoop,
+    ratelimit::RateLimiter,
 };
 use tokio::sync::watch;
 use tracing::info;
@@ -111,6 +112,7 @@ async fn main() -> anyhow::Result<()> {
         metrics: metrics.clone(),
         claim_cache: Some(claim_cache),
         background: background.handle().clone(),
+        status_rate: RateLimiter::new(args.claim_status_qps, args.claim_status_burst),
     })?;
     let report = driver
         .recover()

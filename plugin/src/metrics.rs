@@ -9,6 +9,7 @@
 //! | `tessera_plugin_devices_prepared` | gauge | `type` |
 //! | `tessera_plugin_claim_status_write_failures_total` | counter | |
 //! | `tessera_plugin_claim_status_writes_pending` | gauge | |
+//! | `tessera_plugin_claim_status_writes_skipped_total` | counter | |
 //! | `tessera_plugin_slice_publish_total` | counter | `result` |
 
 use std::time::Duration;
@@ -53,9 +54,11 @@ pub struct Metrics {
     publishes: Family<ResultLabel, Counter>,
     /// Claims whose `status.devices` could not be written.
     pub status_write_failures: Counter,
-    /// `status.devices` writes started and not yet answered (a backlog means the API
-    /// server is slow or unreachable).
+    /// `status.devices` writes queued or in flight: a backlog means a burst is being
+    /// written at `--claim-status-qps`, or the API server is slow or unreachable.
     pub status_writes_pending: Gauge,
+    /// `status.devices` writes not sent because the claim was unprepared before its turn.
+    pub status_writes_skipped: Counter,
 }
 
 impl Default for Metrics {
@@ -82,6 +85,7 @@ impl Metrics {
         let publishes = Family::<ResultLabel, Counter>::default();
         let status_write_failures = Counter::default();
         let status_writes_pending = Gauge::default();
+        let status_writes_skipped = Counter::default();
         registry.register(
             "prepare_duration_seconds",
             "NodePrepareResources time per claim",
@@ -119,8 +123,13 @@ impl Metrics {
         );
         registry.register(
             "claim_status_writes_pending",
-            "status.devices writes started and not yet answered",
+            "status.devices writes queued or in flight",
             status_writes_pending.clone(),
+        );
+        registry.register(
+            "claim_status_writes_skipped",
+            "status.devices writes not sent because the claim was unprepared first",
+            status_writes_skipped.clone(),
         );
         Self {
             registry,
@@ -132,6 +141,7 @@ impl Metrics {
             publishes,
             status_write_failures,
             status_writes_pending,
+            status_writes_skipped,
         }
     }
 

@@ -31,6 +31,10 @@ pub struct Args {
     /// plugin measured.
     #[arg(long, default_value_t = bench::DEFAULT_CONTROL_PLANE_NICE, value_parser = clap::value_parser!(i32).range(0..=19))]
     pub control_plane_nice: i32,
+    /// The plugin's `--claim-status-qps` for this run (default: the plugin's own default;
+    /// 0 lifts the limit, to see what unthrottled status writes cost the prepares).
+    #[arg(long)]
+    pub claim_status_qps: Option<f64>,
     /// Also write the figures as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -80,6 +84,11 @@ pub fn run(args: Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     if let Some(json) = &args.json {
         cmd.arg("--json").arg(json);
     }
+    if let Some(qps) = args.claim_status_qps {
+        // The measuring child passes its environment on to the plugin processes it starts.
+        cmd.args(["--claim-status-qps", &qps.to_string()])
+            .env("TESSERA_CLAIM_STATUS_QPS", qps.to_string());
+    }
     println!(
         "\n==> measuring the {profile} plugin ({}) on Kubernetes {}",
         plugin.display(),
@@ -100,6 +109,7 @@ fn measure(args: &Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         claims: args.claims,
         in_flight: args.in_flight,
         control_plane_nice: (args.control_plane_nice != 0).then_some(args.control_plane_nice),
+        claim_status_qps: args.claim_status_qps,
         ..bench::Options::default()
     };
     let started = std::time::Instant::now();

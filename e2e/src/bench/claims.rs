@@ -234,21 +234,39 @@ fn cdi_spec(node: &SimNode, c: &ClaimRef) -> PathBuf {
         .join(format!("k8s.{DRIVER_NAME}-claim_{}.json", c.uid))
 }
 
-/// Waits until the plugin has no `status.devices` write outstanding, so the next phase is
-/// not measured against the API server still working off this one's writes.
-pub(super) async fn wait_status_writes_settled(node: &SimNode) -> anyhow::Result<()> {
-    const PENDING: &str = "tessera_plugin_claim_status_writes_pending ";
+/// The plugin's `status.devices` counters once its writes have settled.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct StatusWrites {
+    /// Writes not sent because the claim was unprepared (or deleted) before its turn.
+    pub skipped: u64,
+    /// Writes that failed.
+    pub failures: u64,
+}
+
+/// A counter or gauge of the plugin's `/metrics`.
+fn metric(body: &str, name: &str) -> anyhow::Result<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .with_context(|| format!("the plugin's /metrics has no {name}"))
+}
+
+/// Waits until the plugin has no `status.devices` write queued or in flight, so the next
+/// phase is not measured against the API server still working off this one's writes;
+/// the plugin's counters then.
+pub(super) async fn wait_status_writes_settled(node: &SimNode) -> anyhow::Result<StatusWrites> {
     let deadline = Instant::now() + std::time::Duration::from_secs(120);
     loop {
         let (code, body) = node.http_get("/metrics").await?;
         ensure!(code == 200, "the plugin's /metrics answered {code}");
-        let pending = body
-            .lines()
-            .find_map(|l| l.strip_prefix(PENDING))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .context("the plugin's /metrics has no claim_status_writes_pending")?;
+        let pending = metric(&body, "tessera_plugin_claim_status_writes_pending")?;
         if pending == 0.0 {
-            return Ok(());
+            // Whole numbers well below 2^53: the casts are exact.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            return Ok(StatusWrites {
+                skipped: metric(&body, "tessera_plugin_claim_status_writes_skipped_total")? as u64,
+                failures: metric(&body, "tessera_plugin_claim_status_write_failures_total")? as u64,
+            });
         }
         ensure!(
             Instant::now() < deadline,
@@ -270,38 +288,53 @@ fn check_prepared_files(node: &SimNode, claims: &[ClaimRef]) -> anyhow::Result<(
     Ok(())
 }
 
-/// Every claim has `status.devices` written by the plugin. The write is off the kubelet's
-/// path, so it is given time to land.
+/// After the first phase, from claims without any status: every claim prepared once, so
+/// each queued exactly one `status.devices` write, and each was either written or skipped
+/// (the claim was unprepared before its turn). Checks that the written ones name the MPS
+/// device the plugin prepared; returns how many were written.
 pub(super) async fn check_claim_status(
     node: &SimNode,
     client: &Client,
     claims: &[ClaimRef],
-) -> anyhow::Result<()> {
+    settled: StatusWrites,
+) -> anyhow::Result<usize> {
+    ensure!(
+        settled.failures == 0,
+        "{} status.devices writes failed (see the plugin's log: {})",
+        settled.failures,
+        node.log_path().display()
+    );
     let api: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
-    let deadline = Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let listed = api.list(&ListParams::default()).await?;
-        let with_status = listed
-            .items
+    let listed = api.list(&ListParams::default()).await?;
+    let mut written = 0;
+    for c in &listed.items {
+        let Some(devices) = c.status.as_ref().and_then(|s| s.devices.as_ref()) else {
+            continue;
+        };
+        written += 1;
+        let ours = devices
             .iter()
-            .filter(|c| {
-                c.status
-                    .as_ref()
-                    .and_then(|s| s.devices.as_ref())
-                    .is_some_and(|d| d.iter().any(|d| d.device == MPS_DEVICE))
-            })
-            .count();
-        if with_status == claims.len() {
-            return Ok(());
-        }
+            .find(|d| d.driver == DRIVER_NAME)
+            .with_context(|| format!("claim {} has status.devices, none of ours", c.name_any()))?;
+        let kind = ours
+            .data
+            .as_ref()
+            .and_then(|d| d.0.get("type"))
+            .and_then(|t| t.as_str());
         ensure!(
-            Instant::now() < deadline,
-            "only {with_status} of {} claims have status.devices written by the plugin (see its log: {})",
-            claims.len(),
-            node.log_path().display()
+            ours.device == MPS_DEVICE && kind == Some("mps"),
+            "claim {} has status.devices {ours:?}, not the MPS device prepared",
+            c.name_any()
         );
-        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
+    let skipped = usize::try_from(settled.skipped)?;
+    ensure!(
+        written + skipped == claims.len(),
+        "{written} claims have status.devices and {skipped} writes were skipped, of {} claims prepared: writes were lost (see {})",
+        claims.len(),
+        node.log_path().display()
+    );
+    Ok(written)
 }
 
 /// Every claim's CDI spec is gone again.

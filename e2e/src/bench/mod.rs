@@ -17,12 +17,12 @@ mod reference;
 mod report;
 mod slices;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
 use tessera_plugin::kubelet::client::{DraClient, KUBELET_CALL_TIMEOUT};
 
-pub use self::report::{Metric, Report, Target};
+pub use self::report::{Metric, Report, StatusWriteCounts, Target};
 use self::{
     claims::{
         MAX_CLIENTS, by_claims_held, check_claim_status, create_claims, enable_mps,
@@ -73,6 +73,9 @@ pub struct Options {
     /// the middle of the next call; in a cluster it runs on other machines. A positive
     /// niceness makes it yield the CPU to the plugin as it would there.
     pub control_plane_nice: Option<i32>,
+    /// The plugin's `--claim-status-qps`, when the caller set it (in the plugin's
+    /// environment, `TESSERA_CLAIM_STATUS_QPS`); only reported.
+    pub claim_status_qps: Option<f64>,
 }
 
 impl Default for Options {
@@ -84,6 +87,7 @@ impl Default for Options {
             build_iterations: 200,
             publish_rounds: 30,
             control_plane_nice: Some(DEFAULT_CONTROL_PLANE_NICE),
+            claim_status_qps: None,
         }
     }
 }
@@ -140,8 +144,15 @@ pub async fn plugin_overhead(
     ));
     let (prepare, unprepare) = waves(&dra, &node, &claims, 1).await?;
     let checkpoint_bytes_at_peak = prepare.peak_checkpoint_bytes;
-    check_claim_status(&node, &client, &claims).await?;
-    wait_status_writes_settled(&node).await?;
+    let drain = Instant::now();
+    let settled = wait_status_writes_settled(&node).await?;
+    let drain = drain.elapsed();
+    let written = check_claim_status(&node, &client, &claims, settled).await?;
+    let status_writes = StatusWriteCounts {
+        plugin_qps: opts.claim_status_qps,
+        written,
+        skipped: usize::try_from(settled.skipped)?,
+    };
     metrics.push(
         Metric::new(
             "prepare, sequential",
@@ -168,6 +179,13 @@ pub async fn plugin_overhead(
         &unprepare.latencies,
         Some(unprepare.wall),
     ));
+    // The status writes are rate-limited (`--claim-status-qps`): how long the last one
+    // trailed the end of the phase.
+    metrics.push(Metric::new(
+        "status.devices: queue drained, after the phase",
+        &[drain],
+        None,
+    ));
 
     // Unprepare forgot every claim, so preparing the same claims again does the full work
     // (the wave checks see the CDI specs reappear).
@@ -176,7 +194,13 @@ pub async fn plugin_overhead(
         opts.claims, opts.in_flight
     ));
     let (prepare, unprepare) = waves(&dra, &node, &claims, opts.in_flight).await?;
-    wait_status_writes_settled(&node).await?;
+    let settled = wait_status_writes_settled(&node).await?;
+    ensure!(
+        settled.failures == 0,
+        "{} status.devices writes failed (see the plugin's log: {})",
+        settled.failures,
+        node.log_path().display()
+    );
     metrics.push(Metric::new(
         &format!("prepare, {} in flight", opts.in_flight),
         &prepare.latencies,
@@ -218,6 +242,7 @@ pub async fn plugin_overhead(
         in_flight: opts.in_flight,
         control_plane_nice: opts.control_plane_nice.unwrap_or(0),
         checkpoint_bytes_at_peak,
+        status_writes,
         metrics,
     })
 }

@@ -23,8 +23,23 @@ pub struct Report {
     pub control_plane_nice: i32,
     /// Size of the plugin's checkpoint (one file per claim) with every claim prepared.
     pub checkpoint_bytes_at_peak: u64,
+    /// What became of the sequential phase's `status.devices` writes.
+    pub status_writes: StatusWriteCounts,
     /// One row per measured operation.
     pub metrics: Vec<Metric>,
+}
+
+/// The sequential phase's `status.devices` writes: one queued per prepare, each written
+/// or, when the claim was unprepared before its turn, skipped.
+#[derive(Clone, Copy, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusWriteCounts {
+    /// The plugin's `--claim-status-qps` when set for the run (`None`: its default).
+    pub plugin_qps: Option<f64>,
+    /// Claims whose status was written.
+    pub written: usize,
+    /// Writes skipped.
+    pub skipped: usize,
 }
 
 impl Report {
@@ -123,6 +138,15 @@ impl fmt::Display for Report {
             self.in_flight,
             self.checkpoint_bytes_at_peak / 1024
         )?;
+        let w = &self.status_writes;
+        writeln!(
+            f,
+            "status.devices writes of the sequential phase (plugin --claim-status-qps {}): {} written, {} skipped (claim unprepared before its turn)",
+            w.plugin_qps
+                .map_or("default".to_string(), |q| q.to_string()),
+            w.written,
+            w.skipped
+        )?;
         let width = self
             .metrics
             .iter()
@@ -186,6 +210,11 @@ mod tests {
             in_flight: 1,
             control_plane_nice: 0,
             checkpoint_bytes_at_peak: 0,
+            status_writes: StatusWriteCounts {
+                plugin_qps: None,
+                written: 1,
+                skipped: 0,
+            },
             metrics: vec![slow, fast],
         };
         assert!(!report.all_targets_met());

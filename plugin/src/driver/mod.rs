@@ -110,7 +110,7 @@ pub struct Driver {
     /// The in-memory mirror of the checkpoint files. Held only for lookups and inserts,
     /// never across disk I/O, so claims on different GPUs do not queue behind each other's
     /// fsync; a claim's own lock orders the writes of one claim.
-    pub(crate) checkpoint: Mutex<Checkpoint>,
+    pub(crate) checkpoint: Arc<Mutex<Checkpoint>>,
     pub(crate) cdi: CdiWriter,
     pub(crate) mps_root: std::path::PathBuf,
     pub(crate) caps_root: std::path::PathBuf,
@@ -123,6 +123,8 @@ pub struct Driver {
     pub(crate) background: tokio::runtime::Handle,
     /// Bounds the `status.devices` writes in flight (see [`STATUS_WRITES_IN_FLIGHT`]).
     pub(crate) status_writes: Arc<tokio::sync::Semaphore>,
+    /// Bounds their rate.
+    pub(crate) status_rate: Arc<crate::ratelimit::RateLimiter>,
 }
 
 /// How many `status.devices` writes the plugin has in flight at once. A burst of prepares
@@ -161,6 +163,8 @@ pub struct DriverConfig {
     /// The plugin gives it a runtime of its own, so that work never queues in front of a
     /// kubelet call on the runtime that serves the socket.
     pub background: tokio::runtime::Handle,
+    /// The rate of the `ResourceClaim.status` writes (`--claim-status-qps`).
+    pub status_rate: crate::ratelimit::RateLimiter,
 }
 
 impl Driver {
@@ -181,7 +185,7 @@ impl Driver {
             backend: cfg.backend,
             hw: cfg.hw,
             store: Arc::new(cfg.store),
-            checkpoint: Mutex::new(checkpoint),
+            checkpoint: Arc::new(Mutex::new(checkpoint)),
             cdi: cfg.cdi,
             mps_root: cfg.mps_root,
             caps_root: cfg.caps_root,
@@ -192,6 +196,7 @@ impl Driver {
             metrics: cfg.metrics,
             background: cfg.background,
             status_writes: Arc::new(tokio::sync::Semaphore::new(STATUS_WRITES_IN_FLIGHT)),
+            status_rate: Arc::new(cfg.status_rate),
         }))
     }
 

@@ -13,7 +13,7 @@ use tessera_gpu::{
     backend::{BackendError, ComputeMode, ErrorKind, MpsDaemonConfig, MpsState, Operation},
     mps::{self, MpsRequest},
 };
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{ClaimError, Driver};
 use crate::{
@@ -110,22 +110,60 @@ impl Driver {
         info!(claim = %c, devices = ?record.devices.iter().map(|d| d.device.as_str()).collect::<Vec<_>>(), "prepared");
 
         // The devices are made and the pod can run: the status is informational, so it is
-        // written off the kubelet's critical path.
+        // written off the kubelet's critical path, and a burst's writes queue behind
+        // `--claim-status-qps`.
         let (client, driver_name, metrics) = (
             self.client.clone(),
             self.driver_name.clone(),
             self.metrics.clone(),
         );
         let (claim, rec) = (c.clone(), record.clone());
+        let uid = c.uid.clone();
+        let (permits, rate, checkpoint) = (
+            self.status_writes.clone(),
+            self.status_rate.clone(),
+            self.checkpoint.clone(),
+        );
+        // By the time a queued write is due, the claim may have been unprepared; its
+        // devices are gone, and a status naming them would be wrong (and refused once the
+        // claim is deallocated).
+        let still_prepared = move || {
+            let checkpoint = checkpoint.clone();
+            let uid = uid.clone();
+            async move {
+                checkpoint
+                    .lock()
+                    .await
+                    .claims
+                    .get(&uid)
+                    .is_some_and(|r| r.phase == ClaimPhase::PrepareCompleted)
+            }
+        };
         metrics.status_writes_pending.inc();
-        let permits = self.status_writes.clone();
         self.background.spawn(async move {
             // Closed only if the driver is gone, and then the write does not matter.
-            if let Ok(_permit) = permits.acquire_owned().await
-                && let Err(e) = write_claim_status(&client, &driver_name, &claim, &rec).await
-            {
-                warn!(claim = %claim, error = %crate::error_chain(&e), "could not record status.devices on the claim");
-                metrics.status_write_failures.inc();
+            if let Ok(_permit) = permits.acquire_owned().await {
+                if still_prepared().await {
+                    // Taken while holding the permit, so tokens go out in prepare order.
+                    rate.acquire().await;
+                }
+                if !still_prepared().await {
+                    debug!(claim = %claim, "claim unprepared before its status write; not written");
+                    metrics.status_writes_skipped.inc();
+                } else if let Err(e) =
+                    write_claim_status(&client, &driver_name, &claim, &rec).await
+                {
+                    match e {
+                        kube::Error::Api(s) if s.code == 404 => {
+                            debug!(claim = %claim, "claim deleted before its status write");
+                            metrics.status_writes_skipped.inc();
+                        }
+                        e => {
+                            warn!(claim = %claim, error = %crate::error_chain(&e), "could not record status.devices on the claim");
+                            metrics.status_write_failures.inc();
+                        }
+                    }
+                }
             }
             metrics.status_writes_pending.dec();
         });
