@@ -273,7 +273,8 @@ pub(super) async fn wait_status_writes_settled(node: &SimNode) -> anyhow::Result
             "{pending} status.devices writes still pending after 2 minutes (see {})",
             node.log_path().display()
         );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        // Finely: the time to drain is reported.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
 

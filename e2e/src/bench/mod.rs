@@ -226,7 +226,8 @@ pub async fn plugin_overhead(
     ));
     let h100 = H100x8::new()?;
     metrics.push(h100.build_only(opts.build_iterations));
-    metrics.extend(h100.publish(&client, opts.publish_rounds).await?);
+    let publish = h100.publish(&client, opts.publish_rounds).await?;
+    metrics.extend(publish.metrics);
 
     drop(node);
     drop(cp);
@@ -243,6 +244,7 @@ pub async fn plugin_overhead(
         control_plane_nice: opts.control_plane_nice.unwrap_or(0),
         checkpoint_bytes_at_peak,
         status_writes,
+        publish_server_mean_ms: publish.server_mean.as_secs_f64() * 1000.0,
         metrics,
     })
 }

@@ -1,5 +1,7 @@
-//! Reference figures, measured alone, to read the plugin's latency against: the two API
-//! round trips of a prepare and the checkpoint's durable disk write.
+//! Reference figures, measured alone, to read the plugin's latency against: the API calls
+//! the plugin makes around a prepare (reading a claim when its watch cache has not seen
+//! it, writing its status), the checkpoint's durable disk write, and the API server's own
+//! account of its time.
 
 use std::{path::Path, time::Instant};
 
@@ -15,8 +17,8 @@ use tessera_plugin::kubelet::ClaimRef;
 
 use super::{CLAIM_NODE, MPS_DEVICE, Metric, NS};
 
-/// Reference: one GET of a claim from this process, the first of the two API round trips
-/// of a prepare (reading the claim).
+/// Reference: one GET of a claim from this process, what a prepare costs when the claim
+/// is not in the plugin's watch cache yet.
 pub(super) async fn api_round_trip(
     client: &Client,
     claim: &ClaimRef,
@@ -36,8 +38,8 @@ pub(super) async fn api_round_trip(
     ))
 }
 
-/// Reference: the other API round trip of a prepare, the server-side apply of the claim's
-/// `status.devices` as the plugin's field manager. The share alternates between two values
+/// Reference: the write that follows a prepare off the kubelet's path, the server-side
+/// apply of the claim's `status.devices` as the plugin's field manager. The share alternates between two values
 /// so that every apply really changes the object, as the plugin's first write does.
 pub(super) async fn api_status_write(
     client: &Client,
@@ -99,4 +101,37 @@ pub(super) fn durable_write(dir: &Path, bytes: u64, rounds: usize) -> anyhow::Re
         &samples,
         None,
     ))
+}
+
+/// The API server's own time for one kind of request so far, from its
+/// `apiserver_request_duration_seconds` histogram: (total seconds, requests). Two readings
+/// apart give the mean server-side time of the requests in between, which tells the
+/// server's work from everything else in a client-side figure.
+pub(super) async fn apiserver_time(
+    client: &Client,
+    verb: &str,
+    resource: &str,
+) -> anyhow::Result<(f64, u64)> {
+    let req = http::Request::get("/metrics")
+        .body(Vec::new())
+        .context("building the /metrics request")?;
+    let body = client
+        .request_text(req)
+        .await
+        .context("reading the API server's /metrics")?;
+    let series = |name: &str| -> f64 {
+        body.lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+            .filter(|l| {
+                l.contains(&format!("verb=\"{verb}\""))
+                    && l.contains(&format!("resource=\"{resource}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let seconds = series("apiserver_request_duration_seconds_sum");
+    let count = series("apiserver_request_duration_seconds_count");
+    // A count well below 2^53: the cast is exact.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Ok((seconds, count as u64))
 }

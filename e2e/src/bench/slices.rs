@@ -9,8 +9,16 @@ use tessera_api::constants::DRIVER_NAME;
 use tessera_gpu::{MigLayout, Occupancy, Placement, backend::GpuInfo, find_model};
 use tessera_plugin::slices::{GpuOffer, GpuView, build_pool, publish::Publisher};
 
-use super::{Metric, PUBLISH_NODE, PUBLISH_P99_TARGET};
+use super::{Metric, PUBLISH_NODE, PUBLISH_P99_TARGET, reference::apiserver_time};
 use crate::cluster;
+
+/// What the publish rounds measured.
+pub(super) struct PublishFigures {
+    /// Client-side figures (build + API call).
+    pub metrics: Vec<Metric>,
+    /// The API server's own mean time per slice update over the rounds.
+    pub server_mean: Duration,
+}
 
 /// The GPUs of an 8×H100-80GB node with dynamic MIG and every profile allowed: the
 /// largest pool the plugin publishes for one node (8 × 26 devices, 8 counter sets).
@@ -95,20 +103,34 @@ impl H100x8 {
         &self,
         client: &Client,
         rounds: usize,
-    ) -> anyhow::Result<Vec<Metric>> {
+    ) -> anyhow::Result<PublishFigures> {
         let node = cluster::create_node(client, PUBLISH_NODE, &[]).await?;
         let uid = node.uid().context("the created Node has no UID")?;
         let mut publisher = Publisher::new(client.clone(), PUBLISH_NODE, &uid, DRIVER_NAME);
         let first = self.publish_once(&mut publisher, false).await?;
+        let before = apiserver_time(client, "PUT", "resourceslices").await?;
         let mut samples = Vec::with_capacity(rounds);
         for round in 0..rounds {
             samples.push(self.publish_once(&mut publisher, round % 2 == 0).await?);
         }
-        Ok(vec![
-            Metric::new("slices: first publish (creates)", &[first], None),
-            Metric::new("slices: build + publish (update)", &samples, None)
-                .with_target(PUBLISH_P99_TARGET),
-        ])
+        let after = apiserver_time(client, "PUT", "resourceslices").await?;
+        // Only this bench's publisher and the idle bench node's plugin write slices now;
+        // the count check keeps a stray write from passing as ours.
+        let updates = after.1.saturating_sub(before.1);
+        ensure!(
+            updates >= u64::try_from(rounds)?,
+            "the API server counted {updates} slice updates for {rounds} publishes"
+        );
+        #[allow(clippy::cast_precision_loss)]
+        let server_mean = Duration::from_secs_f64((after.0 - before.0).max(0.0) / updates as f64);
+        Ok(PublishFigures {
+            metrics: vec![
+                Metric::new("slices: first publish (creates)", &[first], None),
+                Metric::new("slices: build + publish (update)", &samples, None)
+                    .with_target(PUBLISH_P99_TARGET),
+            ],
+            server_mean,
+        })
     }
 
     async fn publish_once(
