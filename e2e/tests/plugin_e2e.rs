@@ -121,6 +121,28 @@ async fn delete_pod(client: &Client, name: &str) {
     assert!(gone, "pod {name} was not removed");
 }
 
+/// Waits until the scheduler has tried pod `name` and found no node for it.
+async fn wait_unschedulable(client: &Client, name: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let unschedulable = |p: Option<&Pod>| {
+        p.and_then(|p| p.status.as_ref()?.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable")
+                })
+            })
+    };
+    cluster::wait_for(
+        &pods,
+        name,
+        unschedulable,
+        &format!("pod {name} to be unschedulable"),
+        WAIT,
+    )
+    .await
+    .unwrap();
+}
+
 async fn slice_generation(client: &Client, node: &str) -> i64 {
     let slices: Api<ResourceSlice> = Api::all(client.clone());
     let list = slices
@@ -393,28 +415,69 @@ async fn a_full_gpu_keeps_the_next_pod_pending_until_another_is_deleted() {
         None,
     )
     .await;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    let unschedulable = |p: Option<&Pod>| {
-        p.and_then(|p| p.status.as_ref()?.conditions.as_ref())
-            .is_some_and(|cs| {
-                cs.iter().any(|c| {
-                    c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable")
-                })
-            })
-    };
-    cluster::wait_for(
-        &pods,
-        "next",
-        unschedulable,
-        "pod next to be unschedulable",
-        WAIT,
-    )
-    .await
-    .unwrap();
+    wait_unschedulable(&client, "next").await;
     delete_pod(&client, "big").await;
     let next = wait_running(&client, "next").await;
     let (_, device) = allocated(&claim_of(&client, &next).await);
     assert_eq!(device, "gpu-0-mig-4g-40gb-0");
+}
+
+#[tokio::test]
+async fn an_mps_gpu_takes_no_more_claims_than_its_max_clients() {
+    let (cp, client) = setup().await;
+    let _node = SimNode::start(&cp, "mps-node", "gpus: [{model: l4}]\nlatencies: zero\n")
+        .await
+        .unwrap();
+    let gpunodes: Api<tessera_api::GpuNode> = Api::all(client.clone());
+    gpunodes
+        .patch("mps-node", &PatchParams::apply("tessera-operator").force(), &Patch::Apply(json!({
+            "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": "mps-node"},
+            "spec": {"gpus": [{"index": 0, "strategy": "MPS", "mps": {"maxClients": 2}}]}
+        })))
+        .await
+        .unwrap();
+    // Small shares: compute and memory would fit ten of them; the client slots fit two.
+    let share = || Some(json!({"computePercent": "10", "memory": "1Gi"}));
+    for name in ["first", "second"] {
+        create_pod(&client, name, "mps.tessera.dev", None, share()).await;
+        wait_running(&client, name).await;
+    }
+    create_pod(&client, "third", "mps.tessera.dev", None, share()).await;
+    wait_unschedulable(&client, "third").await;
+    let clients = |want: &'static [&'static str]| {
+        move |g: Option<&tessera_api::GpuNode>| {
+            let mut names: Vec<String> = g
+                .and_then(|g| g.status.as_ref())
+                .and_then(|s| s.gpus.first())
+                .and_then(|gpu| gpu.mps.as_ref())
+                .map(|m| m.clients.iter().map(|c| c.claim.name.clone()).collect())
+                .unwrap_or_default();
+            names.sort();
+            names.len() == want.len() && names.iter().zip(want).all(|(n, w)| n.starts_with(w))
+        }
+    };
+    // Generated claims are named <pod>-<request>-<suffix>.
+    cluster::wait_for(
+        &gpunodes,
+        "mps-node",
+        clients(&["first-", "second-"]),
+        "two MPS clients in the status",
+        WAIT,
+    )
+    .await
+    .unwrap();
+
+    delete_pod(&client, "first").await;
+    wait_running(&client, "third").await;
+    cluster::wait_for(
+        &gpunodes,
+        "mps-node",
+        clients(&["second-", "third-"]),
+        "the third pod's share in the status",
+        WAIT,
+    )
+    .await
+    .unwrap();
 }
 
 #[tokio::test]
