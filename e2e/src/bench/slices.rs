@@ -96,9 +96,14 @@ impl H100x8 {
         Metric::new("slices: build 8×H100 pool", &samples, None)
     }
 
-    /// Build + publish to the API server, as the plugin's node loop does on a change.
-    /// The first publish creates the slices and is reported on its own; every later one
-    /// alternates GPU 0's occupancy, so it really rewrites the pool under a new generation.
+    /// Build + publish to the API server, as the plugin's node loop does.
+    ///
+    /// - The first publish creates the slices and is reported on its own.
+    /// - `rounds` publishes after a prepare or unprepare: each alternates GPU 0's
+    ///   occupancy, which reorders that GPU's placements, so exactly one slice (18 KB, 26
+    ///   devices) is updated in place. This is the publish the target is about.
+    /// - `rounds / 5` full republishes, as after a `GpuNode.spec` change or a resync:
+    ///   list, then all nine slices updated concurrently under a new pool generation.
     pub(super) async fn publish(
         &self,
         client: &Client,
@@ -123,11 +128,18 @@ impl H100x8 {
         );
         #[allow(clippy::cast_precision_loss)]
         let server_mean = Duration::from_secs_f64((after.0 - before.0).max(0.0) / updates as f64);
+        let full_rounds = (rounds / 5).max(1);
+        let mut full = Vec::with_capacity(full_rounds);
+        for round in 0..full_rounds {
+            publisher.invalidate();
+            full.push(self.publish_once(&mut publisher, round % 2 == 0).await?);
+        }
         Ok(PublishFigures {
             metrics: vec![
                 Metric::new("slices: first publish (creates)", &[first], None),
-                Metric::new("slices: build + publish (update)", &samples, None)
+                Metric::new("slices: build + publish (one slice)", &samples, None)
                     .with_target(PUBLISH_P99_TARGET),
+                Metric::new("slices: build + full republish (9 slices)", &full, None),
             ],
             server_mean,
         })
