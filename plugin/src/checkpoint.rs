@@ -32,6 +32,14 @@
 //! voids both. The directory is not fsynced: that would only make the newest rename
 //! survive a node crash, which voids the record anyway. The kubelet waits on each fsync,
 //! so none is spent where it protects nothing.
+//!
+//! The price: after a node crash a completed record may be torn (empty or cut short), as
+//! may anything whose content the crash caught in the page cache. Such a file is moved
+//! aside (`<uid>.json.unreadable`) and reported instead of stopping the plugin from
+//! starting. Nothing is lost by that: a torn file can only come from a node crash, which
+//! voided its record; and were it ever a record of this boot, the instance it described
+//! is unknown to the plugin from then on, so it is reported as not Tessera's and never
+//! destroyed.
 
 use std::{
     collections::BTreeMap,
@@ -59,11 +67,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// The file is not a checkpoint this plugin understands.
-    #[error(
-        "checkpoint {path} is not valid JSON of version {CHECKPOINT_VERSION}; move it away to start over (prepared claims will then be re-prepared)"
-    )]
-    Parse {
+    /// A record could not be encoded.
+    #[error("encoding checkpoint record {path}")]
+    Encode {
         /// The file.
         path: PathBuf,
         /// Cause.
@@ -91,6 +97,8 @@ pub struct Checkpoint {
     /// Records written before the node last booted, by UID: void (see the module docs),
     /// kept only until start-up recovery forgets them.
     pub previous_boot: BTreeMap<String, ClaimRecord>,
+    /// Record files that could not be read, moved aside (`<uid>.json.unreadable`).
+    pub unreadable: Vec<PathBuf>,
 }
 
 /// Phase of a claim.
@@ -245,7 +253,9 @@ impl CheckpointStore {
 
     /// Reads every claim's record; a missing directory is an empty checkpoint. Temp files
     /// of an interrupted write (dot files) are ignored and removed. Records of an earlier
-    /// boot land in [`Checkpoint::previous_boot`].
+    /// boot land in [`Checkpoint::previous_boot`]; files that cannot be read or parsed are
+    /// moved aside into [`Checkpoint::unreadable`] (see the module docs). A record of
+    /// another format version is an error: a downgrade must not guess.
     pub fn load(&self) -> Result<Checkpoint> {
         let mut cp = Checkpoint::default();
         let entries = match fs::read_dir(&self.dir) {
@@ -263,11 +273,21 @@ impl CheckpointStore {
             if !name.ends_with(".json") {
                 continue;
             }
-            let text = fs::read_to_string(&path).map_err(|s| self.io("reading", &path, s))?;
-            let file: ClaimFile = serde_json::from_str(&text).map_err(|source| Error::Parse {
-                path: path.clone(),
-                source,
-            })?;
+            let parsed = fs::read_to_string(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|text| {
+                    serde_json::from_str::<ClaimFile>(&text).map_err(|e| e.to_string())
+                });
+            let file = match parsed {
+                Ok(file) => file,
+                Err(error) => {
+                    let aside = self.dir.join(format!("{name}.unreadable"));
+                    fs::rename(&path, &aside).map_err(|s| self.io("moving aside", &path, s))?;
+                    tracing::error!(path = %aside.display(), %error, "unreadable checkpoint record (torn by a node crash?) moved aside; what it described is treated as unknown");
+                    cp.unreadable.push(aside);
+                    continue;
+                }
+            };
             if file.version != CHECKPOINT_VERSION {
                 return Err(Error::Version {
                     path,
@@ -296,7 +316,7 @@ impl CheckpointStore {
             boot_id: self.boot_id.clone(),
             claim: claim.clone(),
         };
-        let text = serde_json::to_vec(&file).map_err(|source| Error::Parse {
+        let text = serde_json::to_vec(&file).map_err(|source| Error::Encode {
             path: path.clone(),
             source,
         })?;
@@ -458,14 +478,31 @@ mod tests {
     }
 
     #[test]
-    fn a_corrupt_checkpoint_is_an_error_that_says_what_to_do() {
+    fn a_torn_record_is_moved_aside_and_the_others_load() {
         let dir = tempfile::tempdir().unwrap();
-        fs::write(dir.path().join("x.json"), "{not json").unwrap();
-        let err = CheckpointStore::new(dir.path(), None)
-            .load()
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("move it away"), "{err}");
+        let store = CheckpointStore::new(dir.path(), Some("boot-a".into()));
+        store
+            .save_claim(&record(ClaimPhase::PrepareCompleted))
+            .unwrap();
+        // What a node crash can leave of a record renamed into place without an fsync.
+        fs::write(dir.path().join("torn.json"), "").unwrap();
+        fs::write(
+            dir.path().join("cut.json"),
+            "{\"version\": \"tessera.dev/chec",
+        )
+        .unwrap();
+        let cp = store.load().unwrap();
+        assert_eq!(cp.claims.len(), 1, "the whole record still loads");
+        let mut aside: Vec<String> = cp
+            .unreadable
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        aside.sort();
+        assert_eq!(aside, ["cut.json.unreadable", "torn.json.unreadable"]);
+        assert!(!dir.path().join("torn.json").exists());
+        // Moved aside once: the next start does not see them again.
+        assert!(store.load().unwrap().unreadable.is_empty());
     }
 
     #[test]

@@ -32,6 +32,16 @@ pub enum LogFormat {
     Json,
 }
 
+/// A rate per second: a finite number, 0 or more.
+fn rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!(
+            "{s:?} is not a rate: give writes per second, e.g. 20 (0 lifts the limit)"
+        )),
+    }
+}
+
 /// Tessera's kubelet plugin: publishes what each GPU can become and repartitions it when
 /// the kubelet prepares a claim.
 #[derive(Parser, Clone, Debug)]
@@ -109,12 +119,12 @@ pub struct Args {
     /// Average rate, per second, of the plugin's `ResourceClaim.status.devices` writes (one
     /// per prepared claim). A burst of prepares queues its writes behind this limit, so the
     /// status trails the burst instead of the writes crowding the API server; 0 lifts it.
-    #[arg(long, env = "TESSERA_CLAIM_STATUS_QPS", default_value_t = 20.0)]
+    #[arg(long, env = "TESSERA_CLAIM_STATUS_QPS", default_value_t = 20.0, value_parser = rate)]
     pub claim_status_qps: f64,
 
     /// How many `status.devices` writes may go out at once before `--claim-status-qps`
     /// applies.
-    #[arg(long, env = "TESSERA_CLAIM_STATUS_BURST", default_value_t = 40)]
+    #[arg(long, env = "TESSERA_CLAIM_STATUS_BURST", default_value_t = 40, value_parser = clap::value_parser!(u32).range(1..))]
     pub claim_status_burst: u32,
 
     /// Log format.
@@ -142,6 +152,21 @@ mod tests {
         let err = Args::try_parse_from(["tessera-plugin", "--node-name", "n", "--backend", "sim"])
             .unwrap_err();
         assert!(err.to_string().contains("--sim-inventory"), "{err}");
+    }
+
+    #[test]
+    fn a_rate_must_be_a_finite_non_negative_number() {
+        let parse = |v: &str| {
+            // `--flag=value`: a separate "-1" would be read as a flag of its own.
+            let flag = format!("--claim-status-qps={v}");
+            Args::try_parse_from(["tessera-plugin", "--node-name", "n", flag.as_str()])
+        };
+        assert_eq!(parse("0").unwrap().claim_status_qps, 0.0);
+        assert_eq!(parse("2.5").unwrap().claim_status_qps, 2.5);
+        for bad in ["-1", "NaN", "inf", "fast"] {
+            let err = parse(bad).unwrap_err().to_string();
+            assert!(err.contains("writes per second"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -25,6 +25,9 @@ use crate::checkpoint::{ClaimPhase, DeviceKind};
 pub struct RecoveryReport {
     /// Records of an earlier boot, forgotten.
     pub previous_boot: Vec<String>,
+    /// Record files that could not be read, moved aside (what they described is unknown:
+    /// reported, never destroyed).
+    pub unreadable: Vec<String>,
     /// Half-prepared claims rolled back.
     pub rolled_back: Vec<String>,
     /// Completed claims whose hardware was gone, forgotten.
@@ -38,7 +41,11 @@ pub struct RecoveryReport {
 impl Driver {
     /// Reconciles the checkpoint with the hardware. Run before serving the kubelet.
     pub async fn recover(&self) -> Result<RecoveryReport, ClaimError> {
-        let mut report = RecoveryReport::default();
+        let unreadable = std::mem::take(&mut self.checkpoint.lock().await.unreadable);
+        let mut report = RecoveryReport {
+            unreadable: unreadable.iter().map(|p| p.display().to_string()).collect(),
+            ..RecoveryReport::default()
+        };
         let void = std::mem::take(&mut self.checkpoint.lock().await.previous_boot);
         for uid in void.into_keys() {
             // Only the files: the reboot already undid everything else they describe.
