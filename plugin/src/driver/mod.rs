@@ -6,6 +6,7 @@
 //! Hardware calls are blocking (NVML) and run on the blocking pool.
 
 mod claim;
+mod claim_status;
 mod prepare;
 mod recovery;
 mod unprepare;
@@ -120,17 +121,11 @@ pub struct Driver {
         Option<kube::runtime::reflector::Store<k8s_openapi::api::resource::v1::ResourceClaim>>,
     changed: watch::Sender<u64>,
     pub(crate) metrics: Arc<Metrics>,
-    pub(crate) background: tokio::runtime::Handle,
-    /// Bounds the `status.devices` writes in flight (see [`STATUS_WRITES_IN_FLIGHT`]).
-    pub(crate) status_writes: Arc<tokio::sync::Semaphore>,
-    /// Bounds their rate.
-    pub(crate) status_rate: Arc<crate::ratelimit::RateLimiter>,
+    /// Writes `ResourceClaim.status.devices` in the background.
+    pub(crate) status_writer: claim_status::ClaimStatusWriter,
 }
 
-/// How many `status.devices` writes the plugin has in flight at once. A burst of prepares
-/// queues its writes instead of opening one request each, which would have the API server
-/// take every core it can; two keep one slow write from holding up the rest.
-pub const STATUS_WRITES_IN_FLIGHT: usize = 2;
+pub use claim_status::STATUS_WRITES_IN_FLIGHT;
 
 /// Everything a [`Driver`] needs.
 pub struct DriverConfig {
@@ -170,7 +165,15 @@ pub struct DriverConfig {
 impl Driver {
     /// Loads the checkpoint; does not touch hardware (see [`Driver::recover`]).
     pub fn new(cfg: DriverConfig) -> Result<Arc<Self>, crate::checkpoint::Error> {
-        let checkpoint = cfg.store.load()?;
+        let checkpoint = Arc::new(Mutex::new(cfg.store.load()?));
+        let status_writer = claim_status::ClaimStatusWriter::new(
+            cfg.client.clone(),
+            cfg.driver_name.clone(),
+            cfg.metrics.clone(),
+            cfg.background,
+            cfg.status_rate,
+            checkpoint.clone(),
+        );
         let gpu_locks = cfg
             .hw
             .gpus
@@ -185,7 +188,7 @@ impl Driver {
             backend: cfg.backend,
             hw: cfg.hw,
             store: Arc::new(cfg.store),
-            checkpoint: Arc::new(Mutex::new(checkpoint)),
+            checkpoint,
             cdi: cfg.cdi,
             mps_root: cfg.mps_root,
             caps_root: cfg.caps_root,
@@ -194,9 +197,7 @@ impl Driver {
             claim_cache: cfg.claim_cache,
             changed,
             metrics: cfg.metrics,
-            background: cfg.background,
-            status_writes: Arc::new(tokio::sync::Semaphore::new(STATUS_WRITES_IN_FLIGHT)),
-            status_rate: Arc::new(cfg.status_rate),
+            status_writer,
         }))
     }
 

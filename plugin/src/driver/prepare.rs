@@ -2,18 +2,11 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::{
-    Api,
-    api::{Patch, PatchParams},
-};
-use serde_json::json;
-use tessera_api::constants::PLUGIN_FIELD_MANAGER;
 use tessera_gpu::{
     backend::{BackendError, ComputeMode, ErrorKind, MpsDaemonConfig, MpsState, Operation},
     mps::{self, MpsRequest},
 };
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::{ClaimError, Driver};
 use crate::{
@@ -110,63 +103,8 @@ impl Driver {
         info!(claim = %c, devices = ?record.devices.iter().map(|d| d.device.as_str()).collect::<Vec<_>>(), "prepared");
 
         // The devices are made and the pod can run: the status is informational, so it is
-        // written off the kubelet's critical path, and a burst's writes queue behind
-        // `--claim-status-qps`.
-        let (client, driver_name, metrics) = (
-            self.client.clone(),
-            self.driver_name.clone(),
-            self.metrics.clone(),
-        );
-        let (claim, rec) = (c.clone(), record.clone());
-        let uid = c.uid.clone();
-        let (permits, rate, checkpoint) = (
-            self.status_writes.clone(),
-            self.status_rate.clone(),
-            self.checkpoint.clone(),
-        );
-        // By the time a queued write is due, the claim may have been unprepared; its
-        // devices are gone, and a status naming them would be wrong (and refused once the
-        // claim is deallocated).
-        let still_prepared = move || {
-            let checkpoint = checkpoint.clone();
-            let uid = uid.clone();
-            async move {
-                checkpoint
-                    .lock()
-                    .await
-                    .claims
-                    .get(&uid)
-                    .is_some_and(|r| r.phase == ClaimPhase::PrepareCompleted)
-            }
-        };
-        metrics.status_writes_pending.inc();
-        self.background.spawn(async move {
-            // Closed only if the driver is gone, and then the write does not matter.
-            if let Ok(_permit) = permits.acquire_owned().await {
-                if still_prepared().await {
-                    // Taken while holding the permit, so tokens go out in prepare order.
-                    rate.acquire().await;
-                }
-                if !still_prepared().await {
-                    debug!(claim = %claim, "claim unprepared before its status write; not written");
-                    metrics.status_writes_skipped.inc();
-                } else if let Err(e) =
-                    write_claim_status(&client, &driver_name, &claim, &rec).await
-                {
-                    match e {
-                        kube::Error::Api(s) if s.code == 404 => {
-                            debug!(claim = %claim, "claim deleted before its status write");
-                            metrics.status_writes_skipped.inc();
-                        }
-                        e => {
-                            warn!(claim = %claim, error = %crate::error_chain(&e), "could not record status.devices on the claim");
-                            metrics.status_write_failures.inc();
-                        }
-                    }
-                }
-            }
-            metrics.status_writes_pending.dec();
-        });
+        // written off the kubelet's critical path.
+        self.status_writer.queue(c, &record);
         Ok(to_prepared(&record))
     }
 
@@ -382,67 +320,6 @@ impl Driver {
             container_edits: edits,
         })
     }
-}
-
-/// Records what was made in `ResourceClaim.status.devices` (KEP-4817).
-async fn write_claim_status(
-    client: &kube::Client,
-    driver_name: &str,
-    c: &ClaimRef,
-    rec: &ClaimRecord,
-) -> Result<(), kube::Error> {
-    let devices: Vec<serde_json::Value> = rec
-        .devices
-        .iter()
-        .map(|d| {
-            let data = match &d.kind {
-                DeviceKind::Mig {
-                    profile,
-                    start,
-                    size,
-                    created,
-                    ..
-                } => json!({
-                    "type": "mig", "profile": profile,
-                    "placement": {"start": start, "size": size},
-                    "uuid": created.as_ref().map(|m| m.uuid.clone()),
-                    "gpuInstanceId": created.as_ref().map(|m| m.gpu_instance_id),
-                    "computeInstanceId": created.as_ref().map(|m| m.compute_instance_id),
-                }),
-                DeviceKind::Mps {
-                    uuid,
-                    active_thread_percentage,
-                    pinned_memory_limit_mib,
-                } => json!({
-                    "type": "mps", "uuid": uuid,
-                    "activeThreadPercentage": active_thread_percentage,
-                    "pinnedMemoryLimitMiB": pinned_memory_limit_mib,
-                }),
-                DeviceKind::Gpu { uuid } => json!({"type": "gpu", "uuid": uuid}),
-                DeviceKind::TimeSlice { uuid } => json!({"type": "timeslice", "uuid": uuid}),
-            };
-            let mut v =
-                json!({"driver": driver_name, "pool": d.pool, "device": d.device, "data": data});
-            if let Some(s) = &d.share_id {
-                v["shareID"] = json!(s);
-            }
-            v
-        })
-        .collect();
-    let patch = json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": c.name, "namespace": c.namespace},
-        "status": {"devices": devices},
-    });
-    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &c.namespace);
-    api.patch_status(
-        &c.name,
-        &PatchParams::apply(PLUGIN_FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map(|_| ())
 }
 
 /// Puts a GPU in the MIG mode a device needs. Reset-less GPUs (Hopper and newer) switch at

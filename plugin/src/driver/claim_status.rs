@@ -1,0 +1,223 @@
+//! Writing what a prepare made into `ResourceClaim.status.devices`, off the kubelet's path.
+//!
+//! The status is informational: the kubelet has its CDI ids before the write starts, and
+//! nothing waits on it. So the writes go out on the background runtime, at most
+//! [`STATUS_WRITES_IN_FLIGHT`] at a time and `--claim-status-qps` on average; a write whose
+//! claim was unprepared before its turn is skipped (its devices are gone, and the API
+//! server refuses status for devices no longer allocated); a write the API server could
+//! not take for a passing reason (overload, unavailable, connection lost) is retried a few
+//! times with backoff.
+
+use std::{sync::Arc, time::Duration};
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+};
+use serde_json::json;
+use tessera_api::constants::PLUGIN_FIELD_MANAGER;
+use tokio::sync::{Mutex, Semaphore};
+use tracing::{debug, warn};
+
+use crate::{
+    checkpoint::{Checkpoint, ClaimPhase, ClaimRecord, DeviceKind},
+    kubelet::ClaimRef,
+    metrics::Metrics,
+    ratelimit::RateLimiter,
+};
+
+/// How many `status.devices` writes the plugin has in flight at once. A burst of prepares
+/// queues its writes instead of opening one request each, which would have the API server
+/// take every core it can; two keep one slow write from holding up the rest.
+pub const STATUS_WRITES_IN_FLIGHT: usize = 2;
+
+/// Attempts per write, and the wait before the first retry (multiplied by four each time):
+/// 1 s, 4 s, 16 s cover an API server restart without keeping a write queued for long.
+const ATTEMPTS: u32 = 4;
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+
+/// Queues and sends the status writes of one plugin.
+pub(crate) struct ClaimStatusWriter {
+    client: Client,
+    driver_name: String,
+    metrics: Arc<Metrics>,
+    runtime: tokio::runtime::Handle,
+    in_flight: Arc<Semaphore>,
+    rate: Arc<RateLimiter>,
+    checkpoint: Arc<Mutex<Checkpoint>>,
+}
+
+impl ClaimStatusWriter {
+    pub(crate) fn new(
+        client: Client,
+        driver_name: String,
+        metrics: Arc<Metrics>,
+        runtime: tokio::runtime::Handle,
+        rate: RateLimiter,
+        checkpoint: Arc<Mutex<Checkpoint>>,
+    ) -> Self {
+        Self {
+            client,
+            driver_name,
+            metrics,
+            runtime,
+            in_flight: Arc::new(Semaphore::new(STATUS_WRITES_IN_FLIGHT)),
+            rate: Arc::new(rate),
+            checkpoint,
+        }
+    }
+
+    /// Queues the write of `record` (just completed) into `claim`'s status.
+    pub(crate) fn queue(&self, claim: &ClaimRef, record: &ClaimRecord) {
+        let (client, driver_name, metrics) = (
+            self.client.clone(),
+            self.driver_name.clone(),
+            self.metrics.clone(),
+        );
+        let (in_flight, rate, checkpoint) = (
+            self.in_flight.clone(),
+            self.rate.clone(),
+            self.checkpoint.clone(),
+        );
+        let (claim, record) = (claim.clone(), record.clone());
+        metrics.status_writes_pending.inc();
+        self.runtime.spawn(async move {
+            let still_prepared = || async {
+                checkpoint
+                    .lock()
+                    .await
+                    .claims
+                    .get(&claim.uid)
+                    .is_some_and(|r| r.phase == ClaimPhase::PrepareCompleted)
+            };
+            let mut retry_in = FIRST_RETRY;
+            for attempt in 1..=ATTEMPTS {
+                // Closed only if the driver is gone, and then the write does not matter.
+                let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                    break;
+                };
+                if still_prepared().await {
+                    // Taken while holding the permit, so tokens go out in prepare order.
+                    rate.acquire().await;
+                }
+                if !still_prepared().await {
+                    debug!(claim = %claim, "claim unprepared before its status write; not written");
+                    metrics.status_writes_skipped.inc();
+                    break;
+                }
+                match write(&client, &driver_name, &claim, &record).await {
+                    Ok(()) => break,
+                    Err(kube::Error::Api(s)) if s.code == 404 => {
+                        debug!(claim = %claim, "claim deleted before its status write");
+                        metrics.status_writes_skipped.inc();
+                        break;
+                    }
+                    Err(e) if attempt < ATTEMPTS && worth_retrying(&e) => {
+                        // The wait gives the slot to the writes queued behind this one.
+                        drop(permit);
+                        debug!(claim = %claim, error = %crate::error_chain(&e), ?retry_in, "status.devices write failed; retrying");
+                        tokio::time::sleep(retry_in).await;
+                        retry_in *= 4;
+                    }
+                    Err(e) => {
+                        warn!(claim = %claim, error = %crate::error_chain(&e), attempts = attempt, "could not record status.devices on the claim");
+                        metrics.status_write_failures.inc();
+                        break;
+                    }
+                }
+            }
+            metrics.status_writes_pending.dec();
+        });
+    }
+}
+
+/// Whether a failed write may succeed when sent again unchanged: the API server was
+/// overloaded, unavailable or unreachable. A refusal (invalid, forbidden) stays a refusal.
+fn worth_retrying(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.code == 429 || s.code >= 500,
+        _ => true,
+    }
+}
+
+/// Server-side applies our entries of `status.devices` (one per device we prepared), as
+/// our own field manager: other drivers' entries on the same claim are left alone.
+async fn write(
+    client: &Client,
+    driver_name: &str,
+    c: &ClaimRef,
+    rec: &ClaimRecord,
+) -> Result<(), kube::Error> {
+    let devices: Vec<serde_json::Value> = rec
+        .devices
+        .iter()
+        .map(|d| {
+            let data = match &d.kind {
+                DeviceKind::Mig {
+                    profile,
+                    start,
+                    size,
+                    created,
+                    ..
+                } => json!({
+                    "type": "mig", "profile": profile,
+                    "placement": {"start": start, "size": size},
+                    "uuid": created.as_ref().map(|m| m.uuid.clone()),
+                    "gpuInstanceId": created.as_ref().map(|m| m.gpu_instance_id),
+                    "computeInstanceId": created.as_ref().map(|m| m.compute_instance_id),
+                }),
+                DeviceKind::Mps {
+                    uuid,
+                    active_thread_percentage,
+                    pinned_memory_limit_mib,
+                } => json!({
+                    "type": "mps", "uuid": uuid,
+                    "activeThreadPercentage": active_thread_percentage,
+                    "pinnedMemoryLimitMiB": pinned_memory_limit_mib,
+                }),
+                DeviceKind::Gpu { uuid } => json!({"type": "gpu", "uuid": uuid}),
+                DeviceKind::TimeSlice { uuid } => json!({"type": "timeslice", "uuid": uuid}),
+            };
+            let mut v =
+                json!({"driver": driver_name, "pool": d.pool, "device": d.device, "data": data});
+            if let Some(s) = &d.share_id {
+                v["shareID"] = json!(s);
+            }
+            v
+        })
+        .collect();
+    let patch = json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": c.name, "namespace": c.namespace},
+        "status": {"devices": devices},
+    });
+    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &c.namespace);
+    api.patch_status(
+        &c.name,
+        &PatchParams::apply(PLUGIN_FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16) -> kube::Error {
+        kube::Error::Api(kube::core::Status::failure("", "").with_code(code).boxed())
+    }
+
+    #[test]
+    fn only_passing_failures_are_retried() {
+        for code in [429, 500, 503, 504] {
+            assert!(worth_retrying(&api_error(code)), "{code}");
+        }
+        for code in [400, 403, 409, 422] {
+            assert!(!worth_retrying(&api_error(code)), "{code}");
+        }
+    }
+}
