@@ -211,6 +211,77 @@ mod tests {
         kube::Error::Api(kube::core::Status::failure("", "").with_code(code).boxed())
     }
 
+    /// A writer whose API server never answers (nothing listens on port 9), for a
+    /// checkpoint holding `prepared` claims as completed.
+    fn writer(prepared: &[&str]) -> (ClaimStatusWriter, Arc<Metrics>) {
+        let client =
+            Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+        let mut cp = Checkpoint::default();
+        for uid in prepared {
+            cp.claims.insert((*uid).to_string(), record(uid));
+        }
+        let metrics = Arc::new(Metrics::new());
+        let w = ClaimStatusWriter::new(
+            client,
+            "gpu.tessera.dev".into(),
+            metrics.clone(),
+            tokio::runtime::Handle::current(),
+            RateLimiter::new(0.0, 1),
+            Arc::new(Mutex::new(cp)),
+        );
+        (w, metrics)
+    }
+
+    fn record(uid: &str) -> ClaimRecord {
+        ClaimRecord {
+            namespace: "ns".into(),
+            name: format!("claim-{uid}"),
+            uid: uid.into(),
+            phase: ClaimPhase::PrepareCompleted,
+            devices: vec![],
+        }
+    }
+
+    fn claim(uid: &str) -> ClaimRef {
+        ClaimRef {
+            namespace: "ns".into(),
+            name: format!("claim-{uid}"),
+            uid: uid.into(),
+        }
+    }
+
+    async fn settled(metrics: &Metrics) {
+        while metrics.status_writes_pending.get() != 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_claim_unprepared_before_its_turn_is_skipped_without_a_request() {
+        let (w, metrics) = writer(&[]);
+        w.queue(&claim("gone"), &record("gone"));
+        settled(&metrics).await;
+        assert_eq!(metrics.status_writes_skipped.get(), 1);
+        assert_eq!(metrics.status_write_failures.get(), 0);
+    }
+
+    // Paused time: the retries' waits pass at once, and the elapsed virtual time shows
+    // that all of them were waited.
+    #[tokio::test(start_paused = true)]
+    async fn an_unreachable_api_server_is_retried_then_counted_as_a_failure() {
+        let (w, metrics) = writer(&["a"]);
+        let started = tokio::time::Instant::now();
+        w.queue(&claim("a"), &record("a"));
+        settled(&metrics).await;
+        assert_eq!(metrics.status_write_failures.get(), 1);
+        assert_eq!(metrics.status_writes_skipped.get(), 0);
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_secs(1 + 4 + 16),
+            "three retries wait 1 + 4 + 16 s; waited {waited:?}"
+        );
+    }
+
     #[test]
     fn only_passing_failures_are_retried() {
         for code in [429, 500, 503, 504] {
