@@ -394,20 +394,12 @@ impl NodeLoop {
         match ev {
             Ok(watcher::Event::Apply(g) | watcher::Event::InitApply(g)) => {
                 *listed = true;
-                let replaced = self
-                    .gpunode
-                    .as_ref()
-                    .is_none_or(|old| old.metadata.uid != g.metadata.uid);
-                if replaced {
+                let change = GpuNodeChange::between(self.gpunode.as_ref(), &g);
+                if change == GpuNodeChange::Replaced {
                     self.status.forget();
                 }
-                let spec_changed = replaced
-                    || self
-                        .gpunode
-                        .as_ref()
-                        .is_some_and(|old| old.metadata.generation != g.metadata.generation);
                 self.gpunode = Some(g);
-                spec_changed
+                change != GpuNodeChange::StatusOnly
             }
             Ok(watcher::Event::Delete(_)) => {
                 self.gpunode = None;
@@ -433,6 +425,33 @@ impl NodeLoop {
     }
 }
 
+/// How a watched `GpuNode` differs from the one kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GpuNodeChange {
+    /// A new object (first seen, or deleted and created again): its status is empty, so
+    /// what was last written must be written again.
+    Replaced,
+    /// The spec changed (a new generation): the offers may change.
+    Spec,
+    /// Only status or metadata changed, typically the echo of our own status write.
+    StatusOnly,
+}
+
+impl GpuNodeChange {
+    fn between(kept: Option<&GpuNode>, seen: &GpuNode) -> Self {
+        match kept {
+            Some(old) if old.metadata.uid == seen.metadata.uid => {
+                if old.metadata.generation == seen.metadata.generation {
+                    Self::StatusOnly
+                } else {
+                    Self::Spec
+                }
+            }
+            _ => Self::Replaced,
+        }
+    }
+}
+
 /// Taint values are label values: ≤ 63 characters of `[A-Za-z0-9_.-]` that start and end
 /// alphanumeric (or empty); anything else makes the API server reject the whole slice.
 fn taint_value(s: &str) -> String {
@@ -454,6 +473,36 @@ fn taint_value(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn gpunode(uid: &str, generation: i64, mig_instances: u32) -> GpuNode {
+        let mut g = GpuNode::new("node-a", tessera_api::GpuNodeSpec::default());
+        g.metadata.uid = Some(uid.into());
+        g.metadata.generation = Some(generation);
+        g.status = Some(tessera_api::GpuNodeStatus {
+            mig_instances,
+            ..Default::default()
+        });
+        g
+    }
+
+    #[test]
+    fn the_echo_of_a_status_write_does_not_call_for_a_pass() {
+        let kept = gpunode("u1", 3, 0);
+        // Our own status write coming back: same object, same generation.
+        assert_eq!(
+            GpuNodeChange::between(Some(&kept), &gpunode("u1", 3, 2)),
+            GpuNodeChange::StatusOnly
+        );
+        assert_eq!(
+            GpuNodeChange::between(Some(&kept), &gpunode("u1", 4, 0)),
+            GpuNodeChange::Spec
+        );
+        assert_eq!(
+            GpuNodeChange::between(Some(&kept), &gpunode("u2", 3, 0)),
+            GpuNodeChange::Replaced
+        );
+        assert_eq!(GpuNodeChange::between(None, &kept), GpuNodeChange::Replaced);
+    }
 
     /// A Kubernetes label value: empty, or ≤ 63 characters of `[A-Za-z0-9_.-]` that start
     /// and end alphanumeric (what the API server checks on `DeviceTaint.value`).
