@@ -121,6 +121,22 @@ async fn delete_pod(client: &Client, name: &str) {
     assert!(gone, "pod {name} was not removed");
 }
 
+/// The operator's job, done by hand: writes `node`'s `GpuNode.spec.gpus` as the operator
+/// would (server-side apply under its field manager).
+async fn operator_sets_gpus(client: &Client, node: &str, gpus: serde_json::Value) {
+    Api::<tessera_api::GpuNode>::all(client.clone())
+        .patch(
+            node,
+            &PatchParams::apply("tessera-operator").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": node},
+                "spec": {"gpus": gpus}
+            })),
+        )
+        .await
+        .unwrap();
+}
+
 /// Waits until the scheduler has tried pod `name` and found no node for it.
 async fn wait_unschedulable(client: &Client, name: &str) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
@@ -174,15 +190,13 @@ async fn mig_mps_and_whole_gpu_pods_run_and_deleting_them_destroys_what_was_made
     .await
     .unwrap();
 
-    // The operator's job, done by hand here: GPU 1 of the L4 node is shared with MPS.
-    let gpunodes: Api<tessera_api::GpuNode> = Api::all(client.clone());
-    gpunodes
-        .patch("l4-node", &PatchParams::apply("tessera-operator").force(), &Patch::Apply(json!({
-            "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": "l4-node"},
-            "spec": {"gpus": [{"index": 1, "strategy": "MPS", "mps": {"maxClients": 4}}]}
-        })))
-        .await
-        .unwrap();
+    // GPU 1 of the L4 node is shared with MPS.
+    operator_sets_gpus(
+        &client,
+        "l4-node",
+        json!([{"index": 1, "strategy": "MPS", "mps": {"maxClients": 4}}]),
+    )
+    .await;
 
     create_pod(
         &client,
@@ -428,14 +442,13 @@ async fn an_mps_gpu_takes_no_more_claims_than_its_max_clients() {
     let _node = SimNode::start(&cp, "mps-node", "gpus: [{model: l4}]\nlatencies: zero\n")
         .await
         .unwrap();
+    operator_sets_gpus(
+        &client,
+        "mps-node",
+        json!([{"index": 0, "strategy": "MPS", "mps": {"maxClients": 2}}]),
+    )
+    .await;
     let gpunodes: Api<tessera_api::GpuNode> = Api::all(client.clone());
-    gpunodes
-        .patch("mps-node", &PatchParams::apply("tessera-operator").force(), &Patch::Apply(json!({
-            "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": "mps-node"},
-            "spec": {"gpus": [{"index": 0, "strategy": "MPS", "mps": {"maxClients": 2}}]}
-        })))
-        .await
-        .unwrap();
     // Small shares: compute and memory would fit ten of them; the client slots fit two.
     let share = || Some(json!({"computePercent": "10", "memory": "1Gi"}));
     for name in ["first", "second"] {
@@ -805,14 +818,13 @@ async fn dropped_slice_fields_are_reported_in_status_instead_of_republished_fore
     let node = SimNode::start(&cp, "old-cluster", "gpus: [{model: l4}]\nlatencies: zero\n")
         .await
         .unwrap();
+    operator_sets_gpus(
+        &client,
+        "old-cluster",
+        json!([{"index": 0, "strategy": "MPS"}]),
+    )
+    .await;
     let gpunodes: Api<tessera_api::GpuNode> = Api::all(client.clone());
-    gpunodes
-        .patch("old-cluster", &PatchParams::apply("tessera-operator").force(), &Patch::Apply(json!({
-            "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": "old-cluster"},
-            "spec": {"gpus": [{"index": 0, "strategy": "MPS"}]}
-        })))
-        .await
-        .unwrap();
     let gn = cluster::wait_for(
         &gpunodes,
         "old-cluster",

@@ -7,7 +7,8 @@
 //! as the Go controller does, not with server-side apply. The plugin is their only
 //! writer, so apply's merge buys nothing, and on a slice of 26 MIG placements (18 KB) it
 //! costs the API server more than an update: in `cargo xtask bench` runs on the 2-core
-//! test machine the publish went from p50 18–28 ms / p99 50–88 ms to 13–20 / 29–66 ms.
+//! test machine the publish after a prepare went from p50 18–28 ms / p99 50–88 ms to
+//! 12–17 / 32–50 ms.
 
 use std::collections::{BTreeMap, BTreeSet};
 
