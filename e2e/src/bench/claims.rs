@@ -234,15 +234,6 @@ fn cdi_spec(node: &SimNode, c: &ClaimRef) -> PathBuf {
         .join(format!("k8s.{DRIVER_NAME}-claim_{}.json", c.uid))
 }
 
-/// The plugin's `status.devices` counters once its writes have settled.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct StatusWrites {
-    /// Writes not sent because the claim was unprepared (or deleted) before its turn.
-    pub skipped: u64,
-    /// Writes that failed.
-    pub failures: u64,
-}
-
 /// A counter or gauge of the plugin's `/metrics`.
 fn metric(body: &str, name: &str) -> anyhow::Result<f64> {
     body.lines()
@@ -252,21 +243,25 @@ fn metric(body: &str, name: &str) -> anyhow::Result<f64> {
 }
 
 /// Waits until the plugin has no `status.devices` write queued or in flight, so the next
-/// phase is not measured against the API server still working off this one's writes;
-/// the plugin's counters then.
-pub(super) async fn wait_status_writes_settled(node: &SimNode) -> anyhow::Result<StatusWrites> {
+/// phase is not measured against the API server still working off this one's writes.
+/// Fails if any write failed; returns how many were skipped so far (the claim was
+/// unprepared or deleted before its turn).
+pub(super) async fn wait_status_writes_settled(node: &SimNode) -> anyhow::Result<u64> {
     let deadline = Instant::now() + std::time::Duration::from_secs(120);
     loop {
         let (code, body) = node.http_get("/metrics").await?;
         ensure!(code == 200, "the plugin's /metrics answered {code}");
         let pending = metric(&body, "tessera_plugin_claim_status_writes_pending")?;
         if pending == 0.0 {
-            // Whole numbers well below 2^53: the casts are exact.
+            let failures = metric(&body, "tessera_plugin_claim_status_write_failures_total")?;
+            ensure!(
+                failures == 0.0,
+                "{failures} status.devices writes failed (see the plugin's log: {})",
+                node.log_path().display()
+            );
+            // A whole number well below 2^53: the cast is exact.
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            return Ok(StatusWrites {
-                skipped: metric(&body, "tessera_plugin_claim_status_writes_skipped_total")? as u64,
-                failures: metric(&body, "tessera_plugin_claim_status_write_failures_total")? as u64,
-            });
+            return Ok(metric(&body, "tessera_plugin_claim_status_writes_skipped_total")? as u64);
         }
         ensure!(
             Instant::now() < deadline,
@@ -297,14 +292,8 @@ pub(super) async fn check_claim_status(
     node: &SimNode,
     client: &Client,
     claims: &[ClaimRef],
-    settled: StatusWrites,
+    skipped: u64,
 ) -> anyhow::Result<usize> {
-    ensure!(
-        settled.failures == 0,
-        "{} status.devices writes failed (see the plugin's log: {})",
-        settled.failures,
-        node.log_path().display()
-    );
     let api: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
     let listed = api.list(&ListParams::default()).await?;
     let mut written = 0;
@@ -328,7 +317,7 @@ pub(super) async fn check_claim_status(
             c.name_any()
         );
     }
-    let skipped = usize::try_from(settled.skipped)?;
+    let skipped = usize::try_from(skipped)?;
     ensure!(
         written + skipped == claims.len(),
         "{written} claims have status.devices and {skipped} writes were skipped, of {} claims prepared: writes were lost (see {})",

@@ -146,13 +146,13 @@ pub async fn plugin_overhead(
     let (prepare, unprepare) = waves(&dra, &node, &claims, 1).await?;
     let checkpoint_bytes_at_peak = prepare.peak_checkpoint_bytes;
     let drain = Instant::now();
-    let settled = wait_status_writes_settled(&node).await?;
+    let skipped = wait_status_writes_settled(&node).await?;
     let drain = drain.elapsed();
-    let written = check_claim_status(&node, &client, &claims, settled).await?;
+    let written = check_claim_status(&node, &client, &claims, skipped).await?;
     let status_writes = StatusWriteCounts {
         plugin_qps: opts.claim_status_qps,
         written,
-        skipped: usize::try_from(settled.skipped)?,
+        skipped: usize::try_from(skipped)?,
     };
     metrics.push(
         Metric::new(
@@ -195,13 +195,7 @@ pub async fn plugin_overhead(
         opts.claims, opts.in_flight
     ));
     let (prepare, unprepare) = waves(&dra, &node, &claims, opts.in_flight).await?;
-    let settled = wait_status_writes_settled(&node).await?;
-    ensure!(
-        settled.failures == 0,
-        "{} status.devices writes failed (see the plugin's log: {})",
-        settled.failures,
-        node.log_path().display()
-    );
+    wait_status_writes_settled(&node).await?;
     metrics.push(Metric::new(
         &format!("prepare, {} in flight", opts.in_flight),
         &prepare.latencies,
