@@ -1,475 +1,246 @@
-//! The kubelet stand-in: what a kubelet does for DRA on one simulated node, over the real
-//! plugin sockets (no shortcut around gRPC).
+//! The kubelet of one simulated node: the **real kubelet code** (`tessera-hollow-kubelet`,
+//! built from `e2e/hollow-kubelet/` against the suite's Kubernetes release), with the
+//! kubelet's own plugin manager, DRA manager, pod workers and status manager. Only the
+//! container runtime is simulated (an in-process fake CRI), so pods "run" without
+//! containers.
 //!
-//! - Registration: finds the plugin's `*-reg.sock` in the node's registry directory (dot
-//!   files ignored, as the kubelet's plugin watcher does), calls `GetInfo`, checks it is a
-//!   DRA plugin, and answers `NotifyRegistrationStatus`. A plugin that restarts (new
-//!   socket) is registered again.
-//! - Pods bound to the node: once every claim of a pod is allocated and reserved for it,
-//!   `NodePrepareResources` with the kubelet's 45 s timeout, retried with backoff on
-//!   failure; the CDI ids are recorded per container (mirroring the kubelet's filtering by
-//!   request name) and the pod is set Running and Ready.
-//! - Deletion: `NodeUnprepareResources` for claims no other pod on the node uses, then the
-//!   pod is removed (grace period 0), as the kubelet does after its containers stopped.
+//! The kubelet registers its Node itself, finds the plugin's registration socket in
+//! `<root>/plugins_registry/` with its plugin watcher, registers it through its own gRPC
+//! client, prepares and unprepares claims over the plugin's DRA socket, hands the CDI ids
+//! to the runtime (recorded in `<root>/containers.jsonl`), watches device health and fills
+//! `allocatedResourcesStatus` in the pod status. It opens no TCP port.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeMap,
+    os::unix::process::CommandExt,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    process::{Child, Command, Stdio},
     time::Duration,
 };
 
-use k8s_openapi::api::{core::v1::Pod, resource::v1::ResourceClaim};
-use kube::{
-    Api, Client, ResourceExt,
-    api::{DeleteParams, Patch, PatchParams},
-    runtime::{WatchStreamExt, reflector, watcher},
-};
-use serde_json::json;
-use tessera_plugin::kubelet::{
-    ClaimRef, PreparedDevice,
-    client::{DraClient, KUBELET_CALL_TIMEOUT, RegistrationClient},
-    proto::registration::PluginInfo,
-};
-use tokio::task::JoinHandle;
-use tracing::{debug, info, warn};
+use anyhow::{Context, bail};
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use serde::Deserialize;
 
-/// What the stand-in did for one pod.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct PodRecord {
-    /// Claims prepared for the pod (UID → namespace/name).
-    pub claims: BTreeMap<String, ClaimRef>,
-    /// CDI ids per container name.
-    pub cdi_devices: BTreeMap<String, Vec<String>>,
-    /// Last prepare error, while the pod waits.
-    pub last_error: Option<String>,
+use crate::{BinDir, ControlPlane, binaries::HOLLOW_KUBELET, wait::eventually};
+
+/// How long a kubelet gets to register its Node and report Ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One `CreateContainer` the kubelet asked of the (fake) runtime.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerRecord {
+    /// UID of the pod.
+    #[serde(rename = "podUID")]
+    pub pod_uid: String,
+    /// Namespace of the pod.
+    pub namespace: String,
+    /// Name of the pod.
+    pub pod: String,
+    /// Container name.
+    pub container: String,
+    /// Runtime container id.
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    /// The CDI device ids the kubelet passed.
+    pub cdi_devices: Vec<String>,
 }
 
-#[derive(Default)]
-struct State {
-    plugin: Option<PluginInfo>,
-    registrations: u32,
-    pods: BTreeMap<String, PodRecord>,
-    devices: BTreeMap<String, Vec<PreparedDevice>>,
-    prepare_calls: u32,
-}
-
-/// A running stand-in for one node.
-pub struct KubeletStandIn {
+/// A running hollow kubelet.
+pub struct HollowKubelet {
     node: String,
-    state: Arc<Mutex<State>>,
-    task: JoinHandle<()>,
+    binary: PathBuf,
+    root: PathBuf,
+    kubeconfig: PathBuf,
+    labels: String,
+    log: PathBuf,
+    child: Option<Child>,
 }
 
-impl Drop for KubeletStandIn {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl KubeletStandIn {
-    /// Starts the stand-in for `node`, whose plugin registers in `registry_dir`.
-    pub fn start(client: Client, node: &str, registry_dir: &Path) -> Self {
-        let state = Arc::new(Mutex::new(State::default()));
-        let task = tokio::spawn(run(
-            client,
-            node.to_string(),
-            registry_dir.to_path_buf(),
-            state.clone(),
-        ));
-        Self {
+impl HollowKubelet {
+    /// Starts the kubelet of `node` with its root directory at `root` (absolute and short:
+    /// the plugin's sockets go below it), and waits until its Node is Ready.
+    pub async fn start(
+        cp: &ControlPlane,
+        node: &str,
+        root: &Path,
+        labels: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(root)?;
+        let mut kubelet = Self {
             node: node.to_string(),
-            state,
-            task,
-        }
+            binary: binary(cp.bins())?,
+            root: root.to_path_buf(),
+            // The test bed's API server authorizes by RBAC alone (no Node authorizer), so
+            // the admin identity stands in for a node credential.
+            kubeconfig: cp.kubeconfig_path().to_path_buf(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(","),
+            log: root.join("kubelet.log"),
+            child: None,
+        };
+        kubelet.spawn()?;
+        kubelet.wait_ready(cp).await?;
+        Ok(kubelet)
     }
 
-    /// The node this stand-in serves.
+    fn spawn(&mut self) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["--node-name", &self.node])
+            .arg("--root-dir")
+            .arg(&self.root)
+            .args(["--node-labels", &self.labels])
+            .arg(format!(
+                "--v={}",
+                std::env::var("TESSERA_KUBELET_VERBOSITY").unwrap_or_else(|_| "2".into())
+            ))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            // Its own process group, so a Ctrl-C meant for the test runner does not
+            // reach it before the plugin's shutdown has run.
+            .process_group(0);
+        self.child = Some(
+            cmd.spawn()
+                .with_context(|| format!("starting {}", self.binary.display()))?,
+        );
+        Ok(())
+    }
+
+    async fn wait_ready(&mut self, cp: &ControlPlane) -> anyhow::Result<()> {
+        let nodes: Api<Node> = Api::all(cp.admin_client().await?);
+        let name = self.node.clone();
+        let result = eventually(
+            &format!("the kubelet of {name} to report its Node Ready"),
+            READY_TIMEOUT,
+            || {
+                let nodes = nodes.clone();
+                let name = name.clone();
+                async move {
+                    let node = nodes.get_opt(&name).await.ok()??;
+                    let ready = node
+                        .status?
+                        .conditions?
+                        .into_iter()
+                        .any(|c| c.type_ == "Ready" && c.status == "True");
+                    ready.then_some(())
+                }
+            },
+        )
+        .await;
+        if let Err(e) = result {
+            bail!("{e}\nkubelet log:\n{}", self.log_tail(30));
+        }
+        if !self.running() {
+            bail!(
+                "the kubelet of {} exited:\n{}",
+                self.node,
+                self.log_tail(30)
+            );
+        }
+        Ok(())
+    }
+
+    /// The node this kubelet runs.
     pub fn node(&self) -> &str {
         &self.node
     }
 
-    fn with<T>(&self, f: impl FnOnce(&State) -> T) -> T {
-        match self.state.lock() {
-            Ok(s) => f(&s),
-            Err(p) => f(&p.into_inner()),
+    /// Where the kubelet's plugin watcher looks for registration sockets.
+    pub fn registry_dir(&self) -> PathBuf {
+        self.root.join("plugins_registry")
+    }
+
+    /// Where plugins put their service sockets.
+    pub fn plugins_dir(&self) -> PathBuf {
+        self.root.join("plugins")
+    }
+
+    /// Kills the kubelet with SIGKILL, as a crash would. Its DRA checkpoint stays on disk;
+    /// the fake runtime's containers die with it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
         }
     }
 
-    /// The registered plugin, once it is.
-    pub fn plugin(&self) -> Option<PluginInfo> {
-        self.with(|s| s.plugin.clone())
+    /// Kills the kubelet and starts it again on the same root directory; returns once its
+    /// Node is Ready again.
+    pub async fn restart(&mut self, cp: &ControlPlane) -> anyhow::Result<()> {
+        self.kill();
+        self.spawn()?;
+        self.wait_ready(cp).await
     }
 
-    /// How often a plugin was registered (grows when the plugin restarts).
-    pub fn registrations(&self) -> u32 {
-        self.with(|s| s.registrations)
+    /// Whether the kubelet process still runs.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
-    /// What was done for the pod with this UID.
-    pub fn pod(&self, uid: &str) -> Option<PodRecord> {
-        self.with(|s| s.pods.get(uid).cloned())
+    /// Every `CreateContainer` the kubelet asked of the runtime, oldest first.
+    pub fn containers(&self) -> Vec<ContainerRecord> {
+        let text = std::fs::read_to_string(self.root.join("containers.jsonl")).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
     }
 
-    /// The devices the plugin returned for a claim UID.
-    pub fn claim_devices(&self, claim_uid: &str) -> Option<Vec<PreparedDevice>> {
-        self.with(|s| s.devices.get(claim_uid).cloned())
+    /// The CDI ids the kubelet passed for each container of the pod with `pod_uid` (the
+    /// latest creation of each container).
+    pub fn cdi_devices(&self, pod_uid: &str) -> BTreeMap<String, Vec<String>> {
+        self.containers()
+            .into_iter()
+            .filter(|r| r.pod_uid == pod_uid)
+            .map(|r| (r.container, r.cdi_devices))
+            .collect()
     }
 
-    /// Number of `NodePrepareResources` calls made.
-    pub fn prepare_calls(&self) -> u32 {
-        self.with(|s| s.prepare_calls)
+    /// The kubelet's log.
+    pub fn log_path(&self) -> &Path {
+        &self.log
     }
 
-    /// Waits until a plugin is registered at least `n` times.
-    pub async fn wait_registered(&self, n: u32, timeout: Duration) -> Result<PluginInfo, String> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            if let Some(p) = self.plugin().filter(|_| self.registrations() >= n) {
-                return Ok(p);
-            }
-            if tokio::time::Instant::now() > deadline {
-                return Err(format!(
-                    "no plugin registered on node {} within {timeout:?}",
-                    self.node
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+    /// Last lines of the kubelet's log.
+    pub fn log_tail(&self, n: usize) -> String {
+        crate::process::tail(&self.log, n)
     }
 }
 
-fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
-    match state.lock() {
-        Ok(s) => s,
-        Err(p) => p.into_inner(),
+impl Drop for HollowKubelet {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "==== kubelet of {} (last lines)\n{}",
+                self.node,
+                self.log_tail(20)
+            );
+        }
+        self.kill();
     }
 }
 
-/// The registration socket in the registry dir, if any.
-fn find_registration_socket(dir: &Path) -> Option<PathBuf> {
-    let entries = std::fs::read_dir(dir).ok()?;
-    entries
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            let name = p
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            !name.starts_with('.') && name.ends_with("-reg.sock")
-        })
-        .min()
-}
-
-async fn register(dir: &Path) -> Option<PluginInfo> {
-    let sock = find_registration_socket(dir)?;
-    let reg = RegistrationClient::connect(&sock, Duration::from_secs(5))
-        .await
-        .ok()?;
-    let info = reg.get_info().await.ok()?;
-    if info.r#type != "DRAPlugin" {
-        let _ = reg
-            .notify(
-                false,
-                format!("plugin type {} is not DRAPlugin", info.r#type),
-            )
-            .await;
-        return None;
+fn binary(bins: &BinDir) -> anyhow::Result<PathBuf> {
+    let path = bins.path(HOLLOW_KUBELET);
+    if !path.is_file() {
+        bail!(
+            "{} is not built: run `cargo xtask controlplane build --version {}` (cargo xtask test does)",
+            path.display(),
+            bins.version
+        );
     }
-    reg.notify(true, "").await.ok()?;
-    info!(plugin = %info.name, endpoint = %info.endpoint, "kubelet stand-in registered plugin");
-    Some(info)
-}
-
-async fn run(client: Client, node: String, registry_dir: PathBuf, state: Arc<Mutex<State>>) {
-    let pods: Api<Pod> = Api::all(client.clone());
-    let (store, writer) = reflector::store();
-    let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    let stream = reflector(writer, watcher(pods.clone(), cfg))
-        .default_backoff()
-        .touched_objects();
-    tokio::spawn(async move {
-        use futures::StreamExt;
-        stream.for_each(|_| async {}).await;
-    });
-    let mut dra: Option<(PluginInfo, DraClient)> = None;
-    let mut backoff: BTreeMap<String, (tokio::time::Instant, Duration)> = BTreeMap::new();
-    // A restarted plugin binds a new socket; inode numbers are reused, so the change time
-    // tells a new socket from the old one (the kubelet gets an inotify event instead).
-    let mut registered_socket_inode: Option<(u64, i64, i64)> = None;
-    loop {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        // (Re-)register when the registration socket appears or is replaced.
-        let inode = find_registration_socket(&registry_dir).and_then(|p| {
-            use std::os::unix::fs::MetadataExt;
-            std::fs::metadata(p)
-                .ok()
-                .map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
-        });
-        if inode.is_some()
-            && inode != registered_socket_inode
-            && let Some(info) = register(&registry_dir).await
-            && let Ok(c) = DraClient::from_info(&info, KUBELET_CALL_TIMEOUT).await
-        {
-            registered_socket_inode = inode;
-            let mut s = lock(&state);
-            s.plugin = Some(info.clone());
-            s.registrations += 1;
-            dra = Some((info, c));
-        }
-        let Some((_, client_dra)) = &dra else {
-            continue;
-        };
-        let live: Vec<Arc<Pod>> = store.state();
-        let live_uids: BTreeSet<String> = live.iter().filter_map(|p| p.uid()).collect();
-
-        // Pods gone from the API (force-deleted): unprepare what only they used.
-        let gone: Vec<String> = lock(&state)
-            .pods
-            .keys()
-            .filter(|u| !live_uids.contains(*u))
-            .cloned()
-            .collect();
-        for uid in gone {
-            unprepare_pod(client_dra, &state, &uid).await;
-        }
-
-        for pod in live {
-            let Some(uid) = pod.uid() else { continue };
-            if pod.metadata.deletion_timestamp.is_some() {
-                if unprepare_pod(client_dra, &state, &uid).await {
-                    let api: Api<Pod> =
-                        Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
-                    let dp = DeleteParams {
-                        grace_period_seconds: Some(0),
-                        ..DeleteParams::default()
-                    };
-                    if let Err(e) = api.delete(&pod.name_any(), &dp).await {
-                        debug!(pod = %pod.name_any(), error = %e, "finishing pod deletion");
-                    }
-                }
-                continue;
-            }
-            let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-            if running {
-                continue;
-            }
-            if let Some((at, _)) = backoff.get(&uid)
-                && tokio::time::Instant::now() < *at
-            {
-                continue;
-            }
-            match start_pod(&client, client_dra, &state, &pod).await {
-                Ok(true) => {
-                    backoff.remove(&uid);
-                }
-                Ok(false) => {}
-                Err(e) => {
-                    let delay = backoff
-                        .get(&uid)
-                        .map_or(Duration::from_millis(500), |(_, d)| {
-                            (*d * 2).min(Duration::from_secs(10))
-                        });
-                    warn!(pod = %pod.name_any(), error = %e, retry_in = ?delay, "prepare failed; the kubelet retries");
-                    lock(&state).pods.entry(uid.clone()).or_default().last_error = Some(e);
-                    backoff.insert(uid, (tokio::time::Instant::now() + delay, delay));
-                }
-            }
-        }
-    }
-}
-
-/// The ResourceClaim names of a pod, once all are known.
-fn claim_names(pod: &Pod) -> Option<BTreeMap<String, String>> {
-    let spec = pod.spec.as_ref()?;
-    let mut out = BTreeMap::new();
-    for rc in spec.resource_claims.as_deref().unwrap_or_default() {
-        let name = match &rc.resource_claim_name {
-            Some(n) => n.clone(),
-            None => pod
-                .status
-                .as_ref()?
-                .resource_claim_statuses
-                .as_deref()?
-                .iter()
-                .find(|s| s.name == rc.name)?
-                .resource_claim_name
-                .clone()?,
-        };
-        out.insert(rc.name.clone(), name);
-    }
-    Some(out)
-}
-
-/// Prepares a pod's claims and starts it. `Ok(false)`: not ready to start yet.
-async fn start_pod(
-    client: &Client,
-    dra: &DraClient,
-    state: &Mutex<State>,
-    pod: &Pod,
-) -> Result<bool, String> {
-    let Some(names) = claim_names(pod) else {
-        return Ok(false);
-    };
-    let ns = pod.namespace().unwrap_or_default();
-    let uid = pod.uid().unwrap_or_default();
-    let claims_api: Api<ResourceClaim> = Api::namespaced(client.clone(), &ns);
-    let mut refs = BTreeMap::new();
-    let mut by_pod_name = BTreeMap::new();
-    for (pod_claim, claim_name) in &names {
-        let Ok(claim) = claims_api.get(claim_name).await else {
-            return Ok(false);
-        };
-        let st = claim.status.as_ref();
-        let allocated = st.and_then(|s| s.allocation.as_ref()).is_some();
-        let reserved = st
-            .and_then(|s| s.reserved_for.as_ref())
-            .is_some_and(|r| r.iter().any(|c| c.uid == uid));
-        if !allocated || !reserved {
-            return Ok(false);
-        }
-        let r = ClaimRef {
-            namespace: ns.clone(),
-            uid: claim.uid().unwrap_or_default(),
-            name: claim_name.clone(),
-        };
-        by_pod_name.insert(pod_claim.clone(), r.uid.clone());
-        refs.insert(r.uid.clone(), r);
-    }
-    lock(state).prepare_calls += 1;
-    let results = dra
-        .prepare(refs.values().cloned().collect())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut devices = BTreeMap::new();
-    let mut errors = Vec::new();
-    for (claim_uid, r) in &refs {
-        match results.get(claim_uid) {
-            Some(Ok(d)) => {
-                devices.insert(claim_uid.clone(), d.clone());
-            }
-            Some(Err(e)) => errors.push(format!("claim {}: {e}", r.name)),
-            None => errors.push(format!("claim {}: no result", r.name)),
-        }
-    }
-    {
-        let mut s = lock(state);
-        for (k, v) in &devices {
-            s.devices.insert(k.clone(), v.clone());
-        }
-        let rec = s.pods.entry(uid.clone()).or_default();
-        rec.claims = refs.clone();
-    }
-    if !errors.is_empty() {
-        return Err(errors.join("; "));
-    }
-    // The kubelet's per-container filtering: a container gets the devices of the claims it
-    // names, restricted to one request when it names one.
-    let mut cdi: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let spec = pod.spec.as_ref();
-    for c in spec.map(|s| s.containers.as_slice()).unwrap_or_default() {
-        let ids = cdi.entry(c.name.clone()).or_default();
-        for rc in c
-            .resources
-            .as_ref()
-            .and_then(|r| r.claims.as_deref())
-            .unwrap_or_default()
-        {
-            let Some(claim_uid) = by_pod_name.get(&rc.name) else {
-                continue;
-            };
-            for d in devices
-                .get(claim_uid)
-                .map(Vec::as_slice)
-                .unwrap_or_default()
-            {
-                let wanted = match &rc.request {
-                    Some(req) => d.request_names.is_empty() || d.request_names.contains(req),
-                    None => true,
-                };
-                if wanted {
-                    ids.extend(d.cdi_device_ids.iter().cloned());
-                }
-            }
-        }
-    }
-    {
-        let mut s = lock(state);
-        let rec = s.pods.entry(uid.clone()).or_default();
-        rec.cdi_devices = cdi.clone();
-        rec.last_error = None;
-    }
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let name = pod.name_any();
-    let cdi_json = serde_json::to_string(&cdi).unwrap_or_default();
-    pods.patch(
-        &name,
-        &PatchParams::default(),
-        &Patch::Merge(
-            json!({"metadata": {"annotations": {"e2e.tessera.dev/cdi-devices": cdi_json}}}),
-        ),
-    )
-    .await
-    .map_err(|e| e.to_string())?;
-    let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    let cond = |t: &str| json!({"type": t, "status": "True", "lastTransitionTime": now});
-    let containers: Vec<_> = spec
-        .map(|s| s.containers.as_slice())
-        .unwrap_or_default()
-        .iter()
-        .map(|c| json!({"name": c.name, "image": c.image, "imageID": "", "ready": true, "restartCount": 0, "started": true, "state": {"running": {"startedAt": now}}}))
-        .collect();
-    let status = json!({"status": {
-        "phase": "Running",
-        "conditions": [cond("PodScheduled"), cond("Initialized"), cond("ContainersReady"), cond("Ready")],
-        "containerStatuses": containers,
-        "startTime": now,
-    }});
-    pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
-        .await
-        .map_err(|e| e.to_string())?;
-    info!(pod = %name, "kubelet stand-in started pod");
-    Ok(true)
-}
-
-/// Unprepares the claims of a pod that no other pod uses. Returns whether that worked.
-async fn unprepare_pod(dra: &DraClient, state: &Mutex<State>, pod_uid: &str) -> bool {
-    let (mine, others): (Vec<ClaimRef>, BTreeSet<String>) = {
-        let s = lock(state);
-        let Some(rec) = s.pods.get(pod_uid) else {
-            return true;
-        };
-        let others = s
-            .pods
-            .iter()
-            .filter(|(u, _)| *u != pod_uid)
-            .flat_map(|(_, r)| r.claims.keys().cloned())
-            .collect();
-        (rec.claims.values().cloned().collect(), others)
-    };
-    let to_release: Vec<ClaimRef> = mine
-        .into_iter()
-        .filter(|c| !others.contains(&c.uid))
-        .collect();
-    if !to_release.is_empty() {
-        match dra.unprepare(to_release.clone()).await {
-            Ok(results) => {
-                if let Some((uid, Err(e))) = results.iter().find(|(_, r)| r.is_err()) {
-                    warn!(claim = %uid, error = %e, "unprepare failed; retrying");
-                    return false;
-                }
-            }
-            Err(e) => {
-                warn!(error = %e, "unprepare call failed; retrying");
-                return false;
-            }
-        }
-    }
-    let mut s = lock(state);
-    s.pods.remove(pod_uid);
-    for c in to_release {
-        s.devices.remove(&c.uid);
-    }
-    true
+    Ok(path)
 }

@@ -5,6 +5,9 @@
 //! - [`controlplane`] starts them on loopback with RBAC, service-account tokens and the DRA
 //!   features of that version, and tears everything down again, also when a test panics.
 //! - [`cluster`] helpers: Nodes, ServiceAccount clients, waiting for conditions.
+//! - [`kubelet`] runs the real kubelet code for a simulated node (a hollow kubelet with
+//!   the kubelet's real DRA manager; only the container runtime is simulated), and
+//!   [`plugin`] a real `tessera-plugin` on it with the simulated GPU backend.
 //!
 //! No fake API server anywhere: what the tests exercise is the real one.
 
@@ -18,6 +21,7 @@ pub mod kubelet;
 pub mod plugin;
 mod process;
 pub mod version;
+pub mod wait;
 
 pub use binaries::BinDir;
 

@@ -1,6 +1,8 @@
-//! A simulated GPU node for end-to-end tests: a Node object, a real `tessera-plugin`
-//! process with the simulated backend and its own kubelet directories, running under the
-//! `tessera-plugin` ServiceAccount (so its RBAC is exercised), and the kubelet stand-in.
+//! A simulated GPU node for end-to-end tests: the real kubelet code
+//! ([`HollowKubelet`]), which registers the Node, and a real `tessera-plugin` process with
+//! the simulated backend in that kubelet's plugin directories, running under the
+//! `tessera-plugin` ServiceAccount (so its RBAC is exercised). The kubelet registers the
+//! plugin through its own client and drives every prepare and unprepare.
 
 use std::{
     path::{Path, PathBuf},
@@ -10,7 +12,12 @@ use std::{
 
 use anyhow::{Context, bail};
 
-use crate::{ControlPlane, cluster, kubelet::KubeletStandIn, repo_root};
+use tessera_plugin::kubelet::{client::RegistrationClient, proto::registration::PluginInfo};
+
+use crate::{ControlPlane, cluster, kubelet::HollowKubelet, repo_root, wait::eventually};
+
+/// How long the kubelet gets to register a (re)started plugin.
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The `tessera-plugin` binary: `$TESSERA_PLUGIN_BIN`, else next to the test executable's
 /// target directory (`cargo xtask test` builds it first).
@@ -50,8 +57,8 @@ pub struct SimNode {
     kubeconfig: PathBuf,
     metrics_port: u16,
     process: Option<Child>,
-    /// The kubelet stand-in of this node.
-    pub kubelet: KubeletStandIn,
+    /// The kubelet of this node.
+    pub kubelet: HollowKubelet,
 }
 
 /// Where volatile node directories go: `/dev/shm` (tmpfs) when the machine has it, so the
@@ -66,27 +73,33 @@ fn volatile_root() -> PathBuf {
 }
 
 impl SimNode {
-    /// Creates the Node, installs RBAC (idempotent) and starts the plugin and the stand-in.
+    /// Starts the node's kubelet (which registers the Node), installs RBAC (idempotent),
+    /// starts the plugin and waits until the kubelet has registered it.
     /// `inventory` is the simulated hardware (YAML), e.g. `gpus: [{model: h100-80gb}]`.
     pub async fn start(cp: &ControlPlane, name: &str, inventory: &str) -> anyhow::Result<Self> {
         let admin = cp.admin_client().await?;
-        cluster::create_node(&admin, name, &[("tessera.dev/gpu", "true")]).await?;
-        cluster::apply_dir(&admin, &repo_root().join("config/rbac"), false).await?;
         let dir = tempfile::Builder::new().prefix("tessera-node-").tempdir()?;
         let run = tempfile::Builder::new()
             .prefix("tessera-node-run-")
             .tempdir_in(volatile_root())?;
         let root = dir.path().to_path_buf();
-        for sub in ["registry", "plugins", "state"] {
-            std::fs::create_dir_all(root.join(sub))?;
-        }
+        // The kubelet first: at start-up it deletes every ResourceSlice of its node, and the
+        // plugin must find its directories.
+        let kubelet = HollowKubelet::start(
+            cp,
+            name,
+            &root.join("kubelet"),
+            &[("tessera.dev/gpu", "true")],
+        )
+        .await?;
+        cluster::apply_dir(&admin, &repo_root().join("config/rbac"), false).await?;
+        std::fs::create_dir_all(root.join("state"))?;
         std::fs::create_dir_all(run.path().join("cdi"))?;
         std::fs::write(root.join("boot_id"), uuid::Uuid::new_v4().to_string())?;
         std::fs::write(root.join("inventory.yaml"), inventory)?;
         let kubeconfig = root.join("plugin.kubeconfig");
         cluster::node_bound_kubeconfig(cp, "tessera-system", "tessera-plugin", name, &kubeconfig)
             .await?;
-        let kubelet = KubeletStandIn::start(admin, name, &root.join("registry"));
         let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
@@ -101,11 +114,59 @@ impl SimNode {
             kubelet,
         };
         node.spawn()?;
-        node.kubelet
-            .wait_registered(1, Duration::from_secs(60))
-            .await
-            .map_err(|e| anyhow::anyhow!("{e}\nplugin log:\n{}", node.log_tail(40)))?;
+        node.wait_registered(1).await?;
         Ok(node)
+    }
+
+    /// How often the kubelet accepted the running plugin's registration, from the plugin's
+    /// `tessera_plugin_kubelet_registrations_total`; `None` while the plugin does not
+    /// answer.
+    pub async fn registrations(&self) -> Option<u64> {
+        self.metric("tessera_plugin_kubelet_registrations_total")
+            .await
+            .map(|v| v as u64)
+    }
+
+    /// The value of one sample of the plugin's `/metrics`, named with its labels as the
+    /// exposition shows it (`tessera_plugin_prepare_duration_seconds_count{result="ok"}`);
+    /// `None` while the plugin does not answer or has no such sample.
+    pub async fn metric(&self, sample: &str) -> Option<f64> {
+        let (code, body) = self.http_get("/metrics").await.ok()?;
+        if code != 200 {
+            return None;
+        }
+        body.lines()
+            .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// Waits until the kubelet has registered the running plugin at least `n` times.
+    pub async fn wait_registered(&self, n: u64) -> anyhow::Result<()> {
+        let what = format!("the kubelet of {} to register the plugin (#{n})", self.name);
+        eventually(&what, REGISTER_TIMEOUT, || async {
+            self.registrations().await.filter(|r| *r >= n)
+        })
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{e}\nplugin log:\n{}\nkubelet log:\n{}",
+                self.log_tail(30),
+                self.kubelet.log_tail(20)
+            )
+        })?;
+        Ok(())
+    }
+
+    /// What the plugin announces on its registration socket, asked directly: for tests
+    /// that must call the DRA service themselves (malformed requests, the health stream),
+    /// which the kubelet cannot be made to do.
+    pub async fn plugin_info(&self) -> anyhow::Result<PluginInfo> {
+        let socket = tessera_plugin::kubelet::sockets::registration_socket_path(
+            &self.registry_dir(),
+            tessera_api::constants::DRIVER_NAME,
+        );
+        let client = RegistrationClient::connect(&socket, Duration::from_secs(10)).await?;
+        Ok(client.get_info().await?)
     }
 
     fn spawn(&mut self) -> anyhow::Result<()> {
@@ -118,9 +179,9 @@ impl SimNode {
             .arg("--sim-inventory")
             .arg(self.root.join("inventory.yaml"))
             .arg("--registry-dir")
-            .arg(self.root.join("registry"))
+            .arg(self.kubelet.registry_dir())
             .arg("--plugins-dir")
-            .arg(self.root.join("plugins"))
+            .arg(self.kubelet.plugins_dir())
             .arg("--cdi-dir")
             .arg(self.cdi_dir())
             .arg("--state-dir")
@@ -182,28 +243,34 @@ impl SimNode {
 
     /// The kubelet registry directory of this node.
     pub fn registry_dir(&self) -> PathBuf {
-        self.root.join("registry")
+        self.kubelet.registry_dir()
     }
 
     /// Starts the plugin again (after [`SimNode::kill`] or a fault-injected abort) and
-    /// waits until the kubelet stand-in registered it once more.
+    /// waits until the kubelet registered it once more.
     pub async fn restart(&mut self) -> anyhow::Result<()> {
         self.kill();
-        let before = self.kubelet.registrations();
         self.spawn()?;
-        self.kubelet
-            .wait_registered(before + 1, Duration::from_secs(60))
-            .await
-            .map_err(|e| anyhow::anyhow!("{e}\nplugin log:\n{}", self.log_tail(40)))?;
-        Ok(())
+        self.wait_registered(1).await
     }
 
-    /// Simulates a reboot of the node: the plugin dies, and what a reboot wipes is gone
-    /// when it starts again: MIG instances (the MIG mode stays, as on an A100), MPS
-    /// daemons and compute modes, the CDI specs (tmpfs); the boot ID is new. The
-    /// checkpoint on disk survives, as it would.
-    pub async fn reboot(&mut self) -> anyhow::Result<()> {
+    /// Kills the node's kubelet and starts it again while the plugin keeps running;
+    /// returns once the restarted kubelet has registered the plugin again.
+    pub async fn restart_kubelet(&mut self, cp: &ControlPlane) -> anyhow::Result<()> {
+        let before = self.registrations().await.unwrap_or(0);
+        self.kubelet.restart(cp).await?;
+        self.wait_registered(before + 1).await
+    }
+
+    /// Simulates a reboot of the node: the kubelet and the plugin die, and what a reboot
+    /// wipes is gone when they start again: MIG instances (the MIG mode stays, as on an
+    /// A100), MPS daemons and compute modes, the CDI specs (tmpfs), the runtime's
+    /// containers; the boot ID is new. The plugin's checkpoint and the kubelet's root
+    /// directory are on disk and survive, as they would. The kubelet comes up first, as
+    /// systemd starts it before the plugin's pod.
+    pub async fn reboot(&mut self, cp: &ControlPlane) -> anyhow::Result<()> {
         self.kill();
+        self.kubelet.kill();
         let mut state = tessera_gpu::backend::sim::state::load_state(&self.sim_state())?
             .context("the simulated hardware has no state file yet")?;
         for g in &mut state.gpus {
@@ -217,6 +284,7 @@ impl SimNode {
             std::fs::remove_file(entry?.path())?;
         }
         std::fs::write(self.root.join("boot_id"), uuid::Uuid::new_v4().to_string())?;
+        self.kubelet.restart(cp).await?;
         // The plugin is already dead, so this only starts it again.
         self.restart().await
     }

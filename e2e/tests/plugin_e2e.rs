@@ -1,6 +1,6 @@
-//! The plugin end to end: real API server, scheduler and resourceclaim controller, a real
-//! `tessera-plugin` process per simulated node, and the kubelet stand-in calling it over
-//! its sockets.
+//! The plugin end to end: real API server, scheduler and resourceclaim controller, and per
+//! simulated node the real kubelet code (with its DRA manager; only the container runtime
+//! is simulated) driving a real `tessera-plugin` process over its sockets.
 
 // Test fixtures outside #[test] functions panic on purpose: a failed setup step is a failed test.
 #![allow(clippy::unwrap_used)]
@@ -17,7 +17,9 @@ use kube::{
     runtime::wait::conditions,
 };
 use serde_json::json;
-use tessera_e2e::{ControlPlane, cluster, plugin::SimNode, repo_root, start_for_test};
+use tessera_e2e::{
+    ControlPlane, cluster, plugin::SimNode, repo_root, start_for_test, wait::eventually,
+};
 use tessera_gpu::backend::sim::state::{SimState, load_state};
 
 const NS: &str = "workloads";
@@ -273,9 +275,9 @@ async fn mig_mps_and_whole_gpu_pods_run_and_deleting_them_destroys_what_was_made
             spec.contains(&format!("NVIDIA_VISIBLE_DEVICES={mig_uuid}")),
             "{spec}"
         );
-        let rec = h100.kubelet.pod(&pod.uid().unwrap()).unwrap();
+        // What the kubelet handed the container runtime is what the plugin returned.
         assert_eq!(
-            rec.cdi_devices["main"],
+            h100.kubelet.cdi_devices(&pod.uid().unwrap())["main"],
             vec![format!("k8s.gpu.tessera.dev/claim={uid}-{device}")]
         );
         let status = cluster::wait_for(
@@ -590,7 +592,8 @@ async fn bad_claims_get_per_claim_errors_and_do_not_fail_the_good_one() {
     let mut stale = make("stale", "gpu.tessera.dev", "gpu-0-mig-1g-10gb-0").await;
     stale.uid = "00000000-0000-0000-0000-000000000000".into();
 
-    let info = node.kubelet.plugin().unwrap();
+    // Malformed and conflicting requests the kubelet never sends: call the plugin directly.
+    let info = node.plugin_info().await.unwrap();
     let dra = tessera_plugin::kubelet::client::DraClient::from_info(&info, Duration::from_secs(45))
         .await
         .unwrap();
@@ -711,8 +714,10 @@ async fn a_gpu_fault_taints_its_devices_and_shows_in_status_and_metrics() {
         ("gpu.tessera.dev/unhealthy", "NoSchedule")
     );
     assert_eq!(taint.value.as_deref(), Some("xid-79"));
-    // The kubelet's health stream says so, for every device of GPU 1 and only those.
-    let info = node.kubelet.plugin().unwrap();
+    // The kubelet's health stream says so, for every device of GPU 1 and only those (read
+    // directly: the kubelet keeps what it receives to itself, except for devices pods use;
+    // `allocated_resources_status_follows_device_health` checks that side).
+    let info = node.plugin_info().await.unwrap();
     let version =
         tessera_plugin::kubelet::client::HealthVersion::negotiate(&info.supported_versions)
             .unwrap();
@@ -905,10 +910,6 @@ async fn the_demo_workloads_run_as_shipped_on_the_demo_nodes() {
 
 #[tokio::test]
 async fn after_a_node_reboot_stale_records_are_forgotten_and_claims_are_prepared_afresh() {
-    use tessera_plugin::kubelet::{
-        ClaimRef,
-        client::{DraClient, KUBELET_CALL_TIMEOUT},
-    };
     let (cp, client) = setup().await;
     let mut node = SimNode::start(
         &cp,
@@ -933,53 +934,37 @@ async fn after_a_node_reboot_stale_records_are_forgotten_and_claims_are_prepared
         None,
     )
     .await;
-    let mut claims = Vec::new();
+    let mut pods = Vec::new();
     for pod in ["mig", "whole"] {
-        let pod = wait_running(&client, pod).await;
-        claims.push(claim_of(&client, &pod).await);
+        pods.push(wait_running(&client, pod).await);
     }
     let before = sim(&node).gpus[0].instances.clone();
     assert_eq!(before.len(), 1);
     let cdi_dir = node.cdi_dir();
     let spec_count = || std::fs::read_dir(&cdi_dir).unwrap().count();
     assert_eq!(spec_count(), 2, "one CDI spec per prepared claim");
+    let handed: Vec<_> = pods
+        .iter()
+        .map(|p| node.kubelet.cdi_devices(&p.uid().unwrap()))
+        .collect();
 
-    node.reboot().await.unwrap();
+    node.reboot(&cp).await.unwrap();
 
-    // The records described hardware and CDI specs the reboot wiped: they are void.
-    let records = std::fs::read_dir(node.state_dir().join("claims"))
-        .unwrap()
-        .count();
-    assert_eq!(records, 0, "records of the earlier boot were forgotten");
-    assert!(sim(&node).gpus[0].instances.is_empty());
+    // The records described hardware and CDI specs the reboot wiped: recovery voids them.
     assert!(
-        node.log_tail(200).contains("the node rebooted"),
+        node.log_tail(400).contains("the node rebooted"),
         "recovery says what it did:\n{}",
         node.log_tail(40)
     );
-
-    // The restarted kubelet prepares the pods' claims again; the plugin makes everything
+    // The restarted kubelet prepares the pods' claims again (its checkpoint survives the
+    // reboot, but it re-prepares every claim after a restart); the plugin makes everything
     // anew instead of answering with devices that no longer exist.
-    let info = node.kubelet.plugin().unwrap();
-    let dra = DraClient::from_info(&info, KUBELET_CALL_TIMEOUT)
-        .await
-        .unwrap();
-    let refs: Vec<ClaimRef> = claims
-        .iter()
-        .map(|c| ClaimRef {
-            namespace: NS.into(),
-            uid: c.uid().unwrap(),
-            name: c.name_any(),
-        })
-        .collect();
-    let results = dra.prepare(refs.clone()).await.unwrap();
-    for r in &refs {
-        let devices = results[&r.uid].as_ref().unwrap();
-        assert_eq!(devices.len(), 1, "{devices:?}");
-    }
-    assert_eq!(spec_count(), 2, "the CDI specs are back");
-    let after = sim(&node).gpus[0].instances.clone();
-    assert_eq!(after.len(), 1);
+    let after = eventually("the MIG instance to be made again", WAIT, || async {
+        let inst = sim(&node).gpus[0].instances.clone();
+        (inst.len() == 1 && spec_count() == 2).then_some(inst)
+    })
+    .await
+    .unwrap();
     assert_eq!(
         after[0].start, before[0].start,
         "made again at the allocated placement"
@@ -988,6 +973,23 @@ async fn after_a_node_reboot_stale_records_are_forgotten_and_claims_are_prepared
         after[0].compute_instances[0].uuid, before[0].compute_instances[0].uuid,
         "a new instance, not a stale answer"
     );
+    // The pods' containers were created again with the same CDI ids.
+    for (pod, ids) in pods.iter().zip(&handed) {
+        let uid = pod.uid().unwrap();
+        let what = format!("{} to be recreated after the reboot", pod.name_any());
+        eventually(&what, WAIT, || async {
+            let created = node
+                .kubelet
+                .containers()
+                .iter()
+                .filter(|r| r.pod_uid == uid)
+                .count();
+            (created >= 2).then_some(())
+        })
+        .await
+        .unwrap();
+        assert_eq!(&node.kubelet.cdi_devices(&uid), ids);
+    }
 
     for pod in ["mig", "whole"] {
         delete_pod(&client, pod).await;

@@ -142,6 +142,16 @@ async fn main() -> anyhow::Result<()> {
         ready_tx,
     );
     let registration = server.registration_state();
+    let mut accepted = server.registration_state();
+    let registrations = metrics.kubelet_registrations.clone();
+    background.spawn(async move {
+        // Every verdict is a send, also "registered" again after a kubelet restart.
+        while accepted.changed().await.is_ok() {
+            if accepted.borrow_and_update().is_registered() {
+                registrations.inc();
+            }
+        }
+    });
     let health_events = backend.health_events();
     let (stop_tx, stop_rx) = watch::channel(false);
     let wait_stop = |mut rx: watch::Receiver<bool>| async move {

@@ -59,6 +59,8 @@ pub struct Metrics {
     pub status_writes_pending: Gauge,
     /// `status.devices` writes not sent because the claim was unprepared before its turn.
     pub status_writes_skipped: Counter,
+    /// Times the kubelet accepted the plugin's registration (grows on kubelet restarts).
+    pub kubelet_registrations: Counter,
 }
 
 impl Default for Metrics {
@@ -86,6 +88,12 @@ impl Metrics {
         let status_write_failures = Counter::default();
         let status_writes_pending = Gauge::default();
         let status_writes_skipped = Counter::default();
+        let kubelet_registrations = Counter::default();
+        registry.register(
+            "kubelet_registrations",
+            "Times the kubelet accepted the plugin's registration",
+            kubelet_registrations.clone(),
+        );
         registry.register(
             "prepare_duration_seconds",
             "NodePrepareResources time per claim",
@@ -142,6 +150,7 @@ impl Metrics {
             status_write_failures,
             status_writes_pending,
             status_writes_skipped,
+            kubelet_registrations,
         }
     }
 

@@ -2,8 +2,9 @@
 //! with the hardware, the prepared claims and the operator's `GpuNode.spec`.
 //!
 //! It wakes on any of: a prepare/unprepare finished, the `GpuNode` changed, a health event,
-//! or a periodic resync (which also notices slices deleted behind our back, e.g. wiped by
-//! a restarting kubelet). Each pass rebuilds the desired state from scratch, so missing a
+//! one of the node's own ResourceSlices was deleted or rewritten under another generation
+//! behind our back (the kubelet deletes all slices of its node when it starts), or a
+//! periodic resync. Each pass rebuilds the desired state from scratch, so missing a
 //! wake-up only delays, never loses, an update.
 //!
 //! Passes woken by prepares and unprepares are paced ([`CLAIM_PACE`]): a burst of a
@@ -12,7 +13,11 @@
 //! these writes: the scheduler keeps its own account of allocations, and the slices'
 //! order only steers its next choice.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::Duration,
+};
 
 use futures::StreamExt;
 use k8s_openapi::{
@@ -318,6 +323,15 @@ impl NodeLoop {
         let gpunodes: Api<GpuNode> = Api::all(client);
         let cfg = watcher::Config::default().fields(&format!("metadata.name={}", self.driver.node));
         let mut spec_events = watcher(gpunodes, cfg).default_backoff().boxed();
+        let slice_cfg = watcher::Config::default().fields(&format!(
+            "spec.nodeName={},spec.driver={}",
+            self.driver.node, self.driver.driver_name
+        ));
+        let mut slice_events = watcher(self.slices_api.clone(), slice_cfg)
+            .default_backoff()
+            .boxed();
+        // Slice names delivered by the current (re-)list of the slice watch.
+        let mut slices_listed = BTreeSet::new();
         // Whether the current (re-)list delivered the object; a list without it means it
         // was deleted while the watch was down.
         let mut listed = false;
@@ -364,6 +378,13 @@ impl NodeLoop {
                             break;
                         }
                     }
+                    Some(ev) = slice_events.next() => {
+                        if let Some(why) = self.on_slice_event(ev, &mut slices_listed) {
+                            info!(reason = why, "ResourceSlices changed behind our back; republishing");
+                            self.publisher.invalidate();
+                            break;
+                        }
+                    }
                     ev = health_events.recv() => {
                         if let Ok(ev) = ev {
                             self.on_health_event(ev);
@@ -379,6 +400,43 @@ impl NodeLoop {
                     }
                     () = &mut retry => break,
                 }
+            }
+        }
+    }
+
+    /// Whether a watch event of the node's own slices calls for a full republish, and why.
+    /// Our own writes come back as events too and never do: they carry the generation we
+    /// last published. A deletion does (the kubelet deletes every slice of its node at
+    /// start-up), and so does a slice of another generation; a slice missing from a
+    /// re-list (deleted while the watch was down) does as well.
+    fn on_slice_event(
+        &self,
+        ev: Result<watcher::Event<ResourceSlice>, watcher::Error>,
+        listed: &mut BTreeSet<String>,
+    ) -> Option<&'static str> {
+        use kube::ResourceExt;
+        match ev {
+            Ok(watcher::Event::Delete(s)) => self
+                .publisher
+                .holds(&s.name_any(), &s.uid().unwrap_or_default())
+                .then_some("a published slice was deleted"),
+            Ok(watcher::Event::Apply(s)) => (self.slice_count > 0
+                && s.spec.pool.generation != self.last_generation)
+                .then_some("a slice of another generation appeared"),
+            Ok(watcher::Event::Init) => {
+                listed.clear();
+                None
+            }
+            Ok(watcher::Event::InitApply(s)) => {
+                listed.insert(s.name_any());
+                None
+            }
+            Ok(watcher::Event::InitDone) => (self.slice_count > 0
+                && listed.len() != self.slice_count)
+                .then_some("the slice watch re-listed a different set of slices"),
+            Err(e) => {
+                warn!(error = %e, "watching this node's ResourceSlices failed; retrying");
+                None
             }
         }
     }

@@ -8,6 +8,7 @@
 //! Mirrors `k8s.io/dynamic-resource-allocation/kubeletplugin` (`draplugin.go`,
 //! `registrationserver.go`, `nonblockinggrpcserver.go`).
 
+pub mod authority;
 pub mod client;
 mod config;
 mod dra;

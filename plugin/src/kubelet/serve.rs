@@ -16,11 +16,13 @@
 
 use std::{future::Future, path::PathBuf, sync::Arc, time::Duration};
 
+use futures::TryStreamExt;
 use tokio::{net::UnixListener, sync::watch, task::JoinSet};
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 
 use super::{
+    authority::AuthorityFix,
     config::KubeletServerConfig,
     dra::DraNodeServer,
     driver::DraDriver,
@@ -242,9 +244,12 @@ async fn run_registration(
                 }
             }
         };
+        // The kubelet's registration client sends an `:authority` h2 refuses; see
+        // `authority.rs` for why each connection goes through the rewriter.
+        let incoming = UnixListenerStream::new(listener).map_ok(AuthorityFix::new);
         Server::builder()
             .add_service(registrar.service())
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), done)
+            .serve_with_incoming_shutdown(incoming, done)
             .await
             .map_err(|source| ServeError::Serve {
                 server: "registration",

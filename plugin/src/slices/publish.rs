@@ -63,6 +63,9 @@ pub struct Publisher {
     /// resourceVersion of each slice as our last write (or list) saw it: the precondition
     /// of the next update. A stale one costs a GET and a retry, never a lost write.
     versions: BTreeMap<String, String>,
+    /// uid of each slice as our last write (or list) saw it: tells our slice from one
+    /// deleted and created again under its name.
+    uids: BTreeMap<String, String>,
 }
 
 impl Publisher {
@@ -75,6 +78,7 @@ impl Publisher {
             driver: driver.to_string(),
             last: None,
             versions: BTreeMap::new(),
+            uids: BTreeMap::new(),
         }
     }
 
@@ -144,6 +148,11 @@ impl Publisher {
             .iter()
             .filter_map(|s| Some((s.name_any(), s.resource_version()?)))
             .collect();
+        self.uids = existing
+            .items
+            .iter()
+            .filter_map(|s| Some((s.name_any(), s.uid()?)))
+            .collect();
         let generation = existing
             .items
             .iter()
@@ -160,6 +169,7 @@ impl Publisher {
                 match self.api.delete(&name, &DeleteParams::default()).await {
                     Ok(_) => {
                         self.versions.remove(&name);
+                        self.uids.remove(&name);
                     }
                     Err(kube::Error::Api(s)) if s.code == 404 => {}
                     Err(source) => {
@@ -201,6 +211,9 @@ impl Publisher {
             dropped.extend(dropped_fields(sent, &stored));
             if let Some(version) = stored.resource_version() {
                 self.versions.insert(stored.name_any(), version);
+            }
+            if let Some(uid) = stored.uid() {
+                self.uids.insert(stored.name_any(), uid);
             }
         }
         Ok(dropped)
@@ -262,11 +275,18 @@ impl Publisher {
             })
     }
 
+    /// Whether the slice object `name` with `uid` is one this publisher last wrote or
+    /// listed (a slice deleted and created again under the same name has a new uid).
+    pub fn holds(&self, name: &str, uid: &str) -> bool {
+        self.uids.get(name).is_some_and(|u| u == uid)
+    }
+
     /// Forgets what was published, so the next `publish` writes again (after the kubelet
     /// wiped our slices, or on a periodic resync).
     pub fn invalidate(&mut self) {
         self.last = None;
         self.versions.clear();
+        self.uids.clear();
     }
 
     fn render(&self, desired: &DesiredPool, generation: i64) -> Vec<ResourceSlice> {

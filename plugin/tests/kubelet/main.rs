@@ -6,6 +6,7 @@
 // failed test, and clippy's allow-unwrap-in-tests does not see them as tests.
 #![allow(clippy::unwrap_used)]
 
+mod authority;
 mod common;
 mod dra;
 mod health;

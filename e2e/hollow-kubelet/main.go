@@ -1,0 +1,341 @@
+// tessera-hollow-kubelet runs the real kubelet code for one simulated node of Tessera's
+// test bed: the kubelet's own plugin manager registers tessera-plugin through the
+// kubelet's registration client, and the kubelet's real DRA manager
+// (k8s.io/kubernetes/pkg/kubelet/cm/dra) prepares and unprepares claims over the plugin's
+// socket, checkpoints them, watches device health and fills allocatedResourcesStatus.
+//
+// Only the container runtime is simulated: an in-process fake CRI server
+// (k8s.io/cri-client/pkg/fake), so no containerd, runc, images or cgroups are needed.
+// The kubelet's CreateContainer requests are appended, one JSON object a line, to
+// <root-dir>/containers.jsonl so tests can read the CDI device ids the kubelet handed to
+// the runtime.
+//
+// It follows kubemark's hollow node (pkg/kubemark, cmd/kubemark/app/hollow_node.go) with
+// two changes: stock kubemark passes a stub container manager whose DRA hooks do nothing,
+// so this one wraps the stub with a real DRA manager hooked in as
+// pkg/kubelet/cm/container_manager_linux.go does; and it opens no TCP port (kubelet
+// server, read-only and healthz ports off) and keeps everything under --root-dir.
+//
+// The Go source is built by tessera-e2e (e2e/src/binaries.rs) against each Kubernetes
+// release the suite runs, with a go.mod generated like the control plane's.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	clientset "k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	internalapi "k8s.io/cri-api/pkg/apis"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	fakeremote "k8s.io/cri-client/pkg/fake"
+	"k8s.io/klog/v2"
+	pluginwatcherapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+	kubeletapp "k8s.io/kubernetes/cmd/kubelet/app"
+	"k8s.io/kubernetes/cmd/kubelet/app/options"
+	kubeletconfig "k8s.io/kubernetes/pkg/kubelet/apis/config"
+	cadvisortest "k8s.io/kubernetes/pkg/kubelet/cadvisor/testing"
+	"k8s.io/kubernetes/pkg/kubelet/cm"
+	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
+	"k8s.io/kubernetes/pkg/kubelet/cm/resourceupdates"
+	"k8s.io/kubernetes/pkg/kubelet/config"
+	kubecontainer "k8s.io/kubernetes/pkg/kubelet/container"
+	"k8s.io/kubernetes/pkg/kubelet/pluginmanager/cache"
+	"k8s.io/kubernetes/pkg/kubelet/status"
+	kubetypes "k8s.io/kubernetes/pkg/kubelet/types"
+	"k8s.io/kubernetes/pkg/kubemark"
+)
+
+func main() {
+	var (
+		kubeconfig = flag.String("kubeconfig", "", "kubeconfig of the kubelet's API identity (required)")
+		nodeName   = flag.String("node-name", "", "name of the Node the kubelet registers (required)")
+		rootDir    = flag.String("root-dir", "", "absolute kubelet root directory: plugins_registry/, plugins/, DRA checkpoint, fake CRI socket, containers.jsonl (required)")
+		nodeLabels = flag.String("node-labels", "", "labels the kubelet registers its Node with, k=v[,k=v...]")
+		maxPods    = flag.Int("max-pods", 110, "pods the node admits")
+	)
+	klog.InitFlags(nil)
+	flag.Parse()
+	if *kubeconfig == "" || *nodeName == "" || *rootDir == "" || !filepath.IsAbs(*rootDir) {
+		fmt.Fprintln(os.Stderr, "tessera-hollow-kubelet: --kubeconfig, --node-name and an absolute --root-dir are required")
+		flag.Usage()
+		os.Exit(2)
+	}
+	labels, err := parseLabels(*nodeLabels)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "tessera-hollow-kubelet: --node-labels: %v\n", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, *kubeconfig, *nodeName, *rootDir, labels, *maxPods); err != nil {
+		klog.ErrorS(err, "tessera-hollow-kubelet failed")
+		klog.Flush()
+		os.Exit(1)
+	}
+	klog.Flush()
+}
+
+func parseLabels(s string) (map[string]string, error) {
+	labels := map[string]string{}
+	for _, kv := range strings.Split(s, ",") {
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("%q is not key=value", kv)
+		}
+		labels[k] = v
+	}
+	return labels, nil
+}
+
+func run(ctx context.Context, kubeconfig, nodeName, rootDir string, labels map[string]string, maxPods int) error {
+	logger := klog.FromContext(ctx)
+	for _, dir := range []string{rootDir, filepath.Join(rootDir, "pod-logs")} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return fmt.Errorf("create %s: %w", dir, err)
+		}
+	}
+	clientConfig, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return fmt.Errorf("load kubeconfig %s: %w", kubeconfig, err)
+	}
+	clientConfig.UserAgent = "tessera-hollow-kubelet"
+	client, err := clientset.NewForConfig(clientConfig)
+	if err != nil {
+		return fmt.Errorf("create client: %w", err)
+	}
+	f, c := kubeletConfig(nodeName, rootDir, labels, maxPods)
+
+	// As kubemark: the heartbeat client times out within a lease period and is not
+	// rate-limited, so node status never queues behind other requests.
+	heartbeatConfig := *clientConfig
+	heartbeatConfig.Timeout = c.NodeStatusUpdateFrequency.Duration
+	if lease := time.Duration(c.NodeLeaseDurationSeconds) * time.Second; heartbeatConfig.Timeout > lease {
+		heartbeatConfig.Timeout = lease
+	}
+	heartbeatConfig.QPS = -1
+	heartbeatClient, err := clientset.NewForConfig(&heartbeatConfig)
+	if err != nil {
+		return fmt.Errorf("create heartbeat client: %w", err)
+	}
+
+	endpoint := "unix://" + filepath.Join(rootDir, "cri.sock")
+	_ = os.Remove(filepath.Join(rootDir, "cri.sock"))
+	fakeRuntime := fakeremote.NewFakeRemoteRuntime()
+	if err := fakeRuntime.Start(endpoint); err != nil {
+		return fmt.Errorf("start fake CRI at %s: %w", endpoint, err)
+	}
+	defer fakeRuntime.Stop()
+	runtimeService, err := newRuntimeService(ctx, endpoint)
+	if err != nil {
+		return fmt.Errorf("connect to fake CRI: %w", err)
+	}
+	recorder, err := newRecordingRuntime(runtimeService, filepath.Join(rootDir, "containers.jsonl"))
+	if err != nil {
+		return err
+	}
+	defer recorder.close()
+
+	// The DRA manager keeps its checkpoint in the root dir, as the kubelet's does, so a
+	// restarted kubelet knows which claims it prepared.
+	draManager, err := dra.NewManager(logger, client, rootDir)
+	if err != nil {
+		return fmt.Errorf("create DRA manager: %w", err)
+	}
+	containerManager := &draContainerManager{ContainerManager: cm.NewStubContainerManager(), dra: draManager}
+
+	hollow := kubemark.NewHollowKubelet(f, c, client, heartbeatClient,
+		&cadvisortest.Fake{NodeName: nodeName}, fakeRuntime.ImageService, recorder, containerManager)
+	if err := kubeletapp.RunKubelet(ctx, &options.KubeletServer{
+		KubeletFlags:         *hollow.KubeletFlags,
+		KubeletConfiguration: *hollow.KubeletConfiguration,
+	}, hollow.KubeletDeps); err != nil {
+		return fmt.Errorf("run kubelet: %w", err)
+	}
+	logger.Info("tessera-hollow-kubelet running", "node", nodeName, "rootDir", rootDir)
+	<-ctx.Done()
+	stopDRA(draManager)
+	return nil
+}
+
+// kubeletConfig is kubemark.GetHollowKubeletConfig without its temporary directories and
+// TCP listeners: everything lives under rootDir, and no port is opened.
+func kubeletConfig(nodeName, rootDir string, labels map[string]string, maxPods int) (*options.KubeletFlags, *kubeletconfig.KubeletConfiguration) {
+	f := options.NewKubeletFlags()
+	f.RootDirectory = rootDir
+	f.HostnameOverride = nodeName
+	f.MinimumGCAge = metav1.Duration{Duration: time.Minute}
+	f.MaxContainerCount = 100
+	f.MaxPerPodContainerCount = 2
+	f.NodeLabels = labels
+
+	c, err := options.NewKubeletConfiguration()
+	if err != nil {
+		panic(err)
+	}
+	c.StaticPodURL = ""
+	c.StaticPodPath = ""
+	c.EnableServer = false
+	c.Address = "127.0.0.1"
+	c.Port = 0
+	c.ReadOnlyPort = 0
+	c.HealthzPort = 0
+	c.FileCheckFrequency.Duration = 20 * time.Second
+	c.HTTPCheckFrequency.Duration = 20 * time.Second
+	c.NodeStatusUpdateFrequency.Duration = 10 * time.Second
+	c.NodeStatusReportFrequency.Duration = 5 * time.Minute
+	c.SyncFrequency.Duration = 10 * time.Second
+	c.EvictionPressureTransitionPeriod.Duration = 5 * time.Minute
+	c.MaxPods = int32(maxPods)
+	c.PodsPerCore = 0
+	c.ClusterDNS = []string{}
+	c.ImageGCHighThresholdPercent = 90
+	c.ImageGCLowThresholdPercent = 80
+	c.ProviderID = "tessera-hollow://" + nodeName
+	c.VolumeStatsAggPeriod.Duration = time.Minute
+	c.CgroupRoot = ""
+	c.CPUCFSQuota = true
+	c.EnableControllerAttachDetach = false
+	c.EnableDebuggingHandlers = false
+	c.CgroupsPerQOS = false
+	c.HairpinMode = kubeletconfig.HairpinVeth
+	c.MaxOpenFiles = 1024
+	c.RegistryBurst = 10
+	c.RegistryPullQPS = 5.0
+	c.ResolverConfig = kubetypes.ResolvConfDefault
+	c.KubeletCgroups = "/kubelet"
+	c.SerializeImagePulls = true
+	c.SystemCgroups = ""
+	c.ProtectKernelDefaults = false
+	c.RegisterNode = true
+	c.LocalStorageCapacityIsolation = true
+	c.PodLogsDir = filepath.Join(rootDir, "pod-logs")
+	return f, c
+}
+
+// draContainerManager is the stub container manager with the real DRA manager hooked in
+// where containerManagerImpl (container_manager_linux.go) hooks it: start, plugin
+// registration, pod prepare/unprepare, CDI devices for containers, health updates and
+// allocatedResourcesStatus.
+type draContainerManager struct {
+	cm.ContainerManager
+	dra *dra.Manager
+}
+
+func (m *draContainerManager) Start(ctx context.Context, node *v1.Node, activePods cm.ActivePodsFunc, getNode cm.GetNodeFunc,
+	sourcesReady config.SourcesReady, podStatusProvider status.PodStatusProvider, runtimeService internalapi.RuntimeService,
+	localStorageCapacityIsolation bool) error {
+	if err := m.dra.Start(ctx, dra.ActivePodsFunc(activePods), dra.GetNodeFunc(getNode), sourcesReady); err != nil {
+		return fmt.Errorf("start dra manager error: %w", err)
+	}
+	return m.ContainerManager.Start(ctx, node, activePods, getNode, sourcesReady, podStatusProvider, runtimeService, localStorageCapacityIsolation)
+}
+
+func (m *draContainerManager) GetPluginRegistrationHandlers() map[string]cache.PluginHandler {
+	return map[string]cache.PluginHandler{pluginwatcherapi.DRAPlugin: m.dra.GetWatcherHandler()}
+}
+
+func (m *draContainerManager) GetResources(ctx context.Context, pod *v1.Pod, container *v1.Container) (*kubecontainer.RunContainerOptions, error) {
+	opts, err := m.ContainerManager.GetResources(ctx, pod, container)
+	if err != nil {
+		return nil, err
+	}
+	resOpts, err := m.dra.GetResources(pod, container)
+	if err != nil {
+		return nil, err
+	}
+	opts.CDIDevices = append(opts.CDIDevices, resOpts.CDIDevices...)
+	return opts, nil
+}
+
+func (m *draContainerManager) PrepareDynamicResources(ctx context.Context, pod *v1.Pod) error {
+	return m.dra.PrepareResources(ctx, pod)
+}
+
+func (m *draContainerManager) UnprepareDynamicResources(ctx context.Context, pod *v1.Pod) error {
+	return m.dra.UnprepareResources(ctx, pod)
+}
+
+func (m *draContainerManager) PodMightNeedToUnprepareResources(uid types.UID) bool {
+	return m.dra.PodMightNeedToUnprepareResources(uid)
+}
+
+func (m *draContainerManager) Updates() <-chan resourceupdates.Update {
+	return m.dra.Updates()
+}
+
+// recordingRuntime is the CRI client with CreateContainer recorded: what the kubelet
+// hands the runtime is what tests check.
+type recordingRuntime struct {
+	internalapi.RuntimeService
+	mu  sync.Mutex
+	out *os.File
+}
+
+// containerRecord is one line of containers.jsonl.
+type containerRecord struct {
+	PodUID      string   `json:"podUID"`
+	Namespace   string   `json:"namespace"`
+	Pod         string   `json:"pod"`
+	Container   string   `json:"container"`
+	ContainerID string   `json:"containerID"`
+	CDIDevices  []string `json:"cdiDevices"`
+}
+
+func newRecordingRuntime(inner internalapi.RuntimeService, path string) (*recordingRuntime, error) {
+	out, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	return &recordingRuntime{RuntimeService: inner, out: out}, nil
+}
+
+func (r *recordingRuntime) close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_ = r.out.Close()
+}
+
+func (r *recordingRuntime) CreateContainer(ctx context.Context, podSandboxID string, cfg *runtimeapi.ContainerConfig, sandboxConfig *runtimeapi.PodSandboxConfig) (string, error) {
+	id, err := r.RuntimeService.CreateContainer(ctx, podSandboxID, cfg, sandboxConfig)
+	if err != nil {
+		return id, err
+	}
+	rec := containerRecord{
+		PodUID:      sandboxConfig.GetMetadata().GetUid(),
+		Namespace:   sandboxConfig.GetMetadata().GetNamespace(),
+		Pod:         sandboxConfig.GetMetadata().GetName(),
+		Container:   cfg.GetMetadata().GetName(),
+		ContainerID: id,
+		CDIDevices:  []string{},
+	}
+	for _, d := range cfg.GetCDIDevices() {
+		rec.CDIDevices = append(rec.CDIDevices, d.GetName())
+	}
+	line, err := json.Marshal(rec)
+	if err != nil {
+		return id, fmt.Errorf("record container: %w", err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	// One write per line with O_APPEND, so a reader never sees half a record.
+	if _, err := r.out.Write(append(line, '\n')); err != nil {
+		return id, fmt.Errorf("record container: %w", err)
+	}
+	return id, nil
+}
