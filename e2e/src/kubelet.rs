@@ -11,7 +11,7 @@
 //! `allocatedResourcesStatus` in the pod status. It opens no TCP port.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -206,6 +206,16 @@ impl HollowKubelet {
             .into_iter()
             .filter(|r| r.pod_uid == pod_uid)
             .map(|r| (r.container, r.cdi_devices))
+            .collect()
+    }
+
+    /// [`HollowKubelet::cdi_devices`] without repeats. A 1.36 kubelet that restarted passes
+    /// each id twice: it appends the answer of its new NodePrepareResources call to the
+    /// ids it had checkpointed (1.37 does not). The runtime sees the same devices.
+    pub fn cdi_device_sets(&self, pod_uid: &str) -> BTreeMap<String, BTreeSet<String>> {
+        self.cdi_devices(pod_uid)
+            .into_iter()
+            .map(|(container, ids)| (container, ids.into_iter().collect()))
             .collect()
     }
 

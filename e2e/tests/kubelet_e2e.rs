@@ -160,26 +160,28 @@ async fn a_kubelet_restart_keeps_prepared_claims_and_the_pod_runs_on() {
     let pod = mig_pod(&client, "steady").await;
     let uuids = mig_uuids(&node);
     assert_eq!(uuids.len(), 1);
-    let cdi = node.kubelet.cdi_devices(&pod.uid().unwrap());
+    let cdi = node.kubelet.cdi_device_sets(&pod.uid().unwrap());
     let ok = "tessera_plugin_prepare_duration_seconds_count{result=\"ok\"}";
     let prepares = node.metric(ok).await.unwrap();
 
     node.restart_kubelet(&cp).await.unwrap();
 
-    // The fake runtime lost the containers with the kubelet: the kubelet prepares the
-    // claim again (its checkpoint survives, its in-memory "prepared" does not) and
-    // creates the containers anew. The plugin answers from its checkpoint.
+    // The fake runtime lost the containers with the kubelet, which creates them anew.
+    // Whether it calls NodePrepareResources again first depends on its release (1.37
+    // does: its in-memory "prepared" mark is not checkpointed; 1.36 reuses the CDI ids it
+    // checkpointed). Either way the hardware is untouched: a repeated prepare is answered
+    // from the plugin's checkpoint.
     eventually("the pod's containers to be created again", WAIT, || async {
         (creations(&node, &pod) >= 2).then_some(())
     })
     .await
     .unwrap();
-    assert!(
-        node.metric(ok).await.unwrap() > prepares,
-        "the kubelet prepared again"
+    println!(
+        "prepares before the kubelet restart: {prepares}, after: {}",
+        node.metric(ok).await.unwrap()
     );
     assert_eq!(mig_uuids(&node), uuids, "the same instance, untouched");
-    assert_eq!(node.kubelet.cdi_devices(&pod.uid().unwrap()), cdi);
+    assert_eq!(node.kubelet.cdi_device_sets(&pod.uid().unwrap()), cdi);
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     pods.delete("steady", &DeleteParams::default())

@@ -945,7 +945,7 @@ async fn after_a_node_reboot_stale_records_are_forgotten_and_claims_are_prepared
     assert_eq!(spec_count(), 2, "one CDI spec per prepared claim");
     let handed: Vec<_> = pods
         .iter()
-        .map(|p| node.kubelet.cdi_devices(&p.uid().unwrap()))
+        .map(|p| node.kubelet.cdi_device_sets(&p.uid().unwrap()))
         .collect();
 
     node.reboot(&cp).await.unwrap();
@@ -988,7 +988,7 @@ async fn after_a_node_reboot_stale_records_are_forgotten_and_claims_are_prepared
         })
         .await
         .unwrap();
-        assert_eq!(&node.kubelet.cdi_devices(&uid), ids);
+        assert_eq!(&node.kubelet.cdi_device_sets(&uid), ids);
     }
 
     for pod in ["mig", "whole"] {
