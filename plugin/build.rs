@@ -18,7 +18,7 @@ const PROTOS: &[&str] = &[
 fn main() -> Result<(), Box<dyn Error>> {
     println!("cargo:rerun-if-changed=proto");
     let fds = protox::compile(PROTOS, ["proto"])?;
-    // Both sides: the plugin serves, tests and the e2e kubelet stand-in are clients.
+    // Both sides: the plugin serves; tests and the bench call it directly as clients.
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)

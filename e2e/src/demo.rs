@@ -1,5 +1,5 @@
-//! The demo cluster: three simulated GPU nodes, each with a real `tessera-plugin` and the
-//! kubelet stand-in, on a real control plane. Used by `cargo xtask demo` and by the
+//! The demo cluster: three simulated GPU nodes, each with the real kubelet code (a hollow
+//! kubelet) and a real `tessera-plugin`, on a real control plane. Used by `cargo xtask demo` and by the
 //! end-to-end test that applies `config/workloads` verbatim, so the demo cannot rot.
 
 use std::time::Duration;

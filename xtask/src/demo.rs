@@ -1,8 +1,8 @@
 //! `cargo xtask demo`: a local cluster with Tessera running on three simulated GPU nodes.
 //!
 //! Builds what is needed, starts the control plane, installs the CRDs, DeviceClasses,
-//! RBAC and sample policies, starts a real `tessera-plugin` (simulated GPUs) and the kubelet
-//! stand-in per node, runs the sample workloads of `config/workloads`, prints what a user
+//! RBAC and sample policies, starts per node the real kubelet code (a hollow kubelet
+//! with the kubelet's DRA manager) and a real `tessera-plugin` (simulated GPUs), runs the sample workloads of `config/workloads`, prints what a user
 //! would look at, and keeps running until Ctrl-C with a KUBECONFIG kubectl can use.
 
 use std::{process::Command, time::Duration};
@@ -38,7 +38,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             println!("    {}", applied.object);
         }
     }
-    println!("\n==> starting three simulated GPU nodes (a real tessera-plugin each)");
+    println!(
+        "\n==> starting three simulated GPU nodes (the real kubelet code and a real tessera-plugin each)"
+    );
     let demo = DemoCluster::start(&cp, &mut |line| println!("    {line}")).await?;
     println!("\n==> running the sample workloads in config/workloads");
     let pods = demo.run_workloads(&cp, Duration::from_secs(120)).await?;
@@ -46,6 +48,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     let kubectl = cp.bins().path("kubectl");
     for what in [
+        vec!["get", "nodes", "-L", "tessera.dev/gpu"],
         vec!["get", "gsp"],
         vec!["get", "gpunodes"],
         vec!["get", "pods", "-o", "wide"],

@@ -3,7 +3,8 @@
 //!
 //! The plugin proper implements [`DraDriver`] and calls [`serve`] (or [`start`] and
 //! [`KubeletServer::serve_until`] when it needs to know that both sockets listen).
-//! [`client`] speaks the other side, for tests and the e2e kubelet stand-in.
+//! [`client`] speaks the other side, for tests and the bench. [`authority`] lets the
+//! kubelet's own registration client through h2's `:authority` check.
 //!
 //! Mirrors `k8s.io/dynamic-resource-allocation/kubeletplugin` (`draplugin.go`,
 //! `registrationserver.go`, `nonblockinggrpcserver.go`).

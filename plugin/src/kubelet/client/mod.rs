@@ -1,4 +1,5 @@
-//! The kubelet's side of the APIs, for tests and the e2e kubelet stand-in.
+//! The kubelet's side of the APIs, for tests and the bench that call the plugin directly
+//! (the end-to-end test bed runs the real kubelet for everything else).
 //!
 //! Behaves like the kubelet (kubernetes `pkg/kubelet/cm/dra/plugin/dra_plugin.go`):
 //! it picks the DRA version from the plugin's `supported_versions` and bounds every call
