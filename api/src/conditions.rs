@@ -37,6 +37,8 @@ pub mod reasons {
     pub const FIELDS_DROPPED: &str = "ApiServerDroppedFields";
     /// Part of the GpuNode spec cannot apply to the GPU (e.g. MIG on a GPU without MIG).
     pub const CONFIG_NOT_APPLICABLE: &str = "ConfigNotApplicable";
+    /// MIG instances Tessera did not create take part of a GPU, which is not offered.
+    pub const FOREIGN_INSTANCES: &str = "ForeignMigInstances";
     /// An A100-class GPU needs a reset before a MIG mode change takes effect.
     pub const MIG_MODE_PENDING_RESET: &str = "MigModePendingReset";
 }

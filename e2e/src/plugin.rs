@@ -329,6 +329,11 @@ impl SimNode {
         self.state_dir().join("sim-hardware.json")
     }
 
+    /// The simulated hardware's inventory (YAML).
+    pub fn inventory_path(&self) -> PathBuf {
+        self.root.join("inventory.yaml")
+    }
+
     /// The simulator's fault-injection file.
     pub fn faults_path(&self) -> PathBuf {
         self.state_dir().join("faults.json")

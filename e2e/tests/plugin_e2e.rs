@@ -635,6 +635,14 @@ async fn bad_claims_get_per_claim_errors_and_do_not_fail_the_good_one() {
         twin_err.contains("already prepared for claim workloads/good"),
         "{twin_err}"
     );
+    // Also under another name: the whole GPU holds the memory slices of the 1g.
+    let whole = make("whole", "gpu.tessera.dev", "gpu-0").await;
+    let res_whole = dra.prepare(vec![whole.clone()]).await.unwrap();
+    let whole_err = res_whole[&whole.uid].clone().unwrap_err();
+    assert!(
+        whole_err.contains("already prepared for claim workloads/good (as gpu-0-mig-1g-10gb-6)"),
+        "{whole_err}"
+    );
     // Repeating the call returns the same answer without touching the hardware again.
     let again = dra.prepare(vec![good.clone()]).await.unwrap();
     assert_eq!(again[&good.uid].as_ref().unwrap(), devices);
@@ -798,8 +806,32 @@ async fn a_gpu_fault_taints_its_devices_and_shows_in_status_and_metrics() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    // SIGTERM: the plugin leaves, removing its sockets so the kubelet deregisters it.
+    // A restart does not forget the fault (the XID was a one-off event): GPU 1 stays
+    // tainted until there is evidence it recovered (a reboot, a replaced GPU).
     let mut node = node;
+    node.restart().await.unwrap();
+    eventually("the restarted plugin to be ready", WAIT, || async {
+        (node.http_get("/readyz").await.ok()?.0 == 200).then_some(())
+    })
+    .await
+    .unwrap();
+    let still: Vec<String> = slices
+        .list(&lp)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .flat_map(|s| s.spec.devices.clone().unwrap_or_default())
+        .filter(|d| d.taints.as_ref().is_some_and(|t| !t.is_empty()))
+        .map(|d| d.name)
+        .collect();
+    assert_eq!(
+        still.len(),
+        26,
+        "GPU 1 is tainted after the restart: {still:?}"
+    );
+    assert!(still.iter().all(|n| n.starts_with("gpu-1")));
+    // SIGTERM: the plugin leaves, removing its sockets so the kubelet deregisters it.
     node.terminate().await.unwrap();
     assert!(
         !std::path::Path::new(&info.endpoint).exists(),

@@ -101,6 +101,19 @@ pub struct Checkpoint {
     pub unreadable: Vec<PathBuf>,
 }
 
+impl Checkpoint {
+    /// The claim whose MIG device is the instance of `profile_id` at `start` on `gpu`:
+    /// the one fact that tells Tessera's instances from anyone else's.
+    pub fn mig_owner(&self, gpu: u32, start: u8, profile_id: u32) -> Option<&ClaimRecord> {
+        self.claims.values().find(|r| {
+            r.devices.iter().any(|d| {
+                d.gpu == gpu
+                    && matches!(&d.kind, DeviceKind::Mig { start: s, profile_id: p, .. } if *s == start && *p == profile_id)
+            })
+        })
+    }
+}
+
 /// Phase of a claim.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClaimPhase {
@@ -187,6 +200,47 @@ pub enum DeviceKind {
         /// GPU UUID.
         uuid: String,
     },
+}
+
+impl DeviceRecord {
+    /// Whether this device and `other` would use the same hardware: the same GPU, and
+    /// either one is the whole GPU, or both are MIG instances whose memory slices overlap
+    /// (per `layout`, the GPU's geometry), or one is a MIG instance and the other a
+    /// whole-GPU share (MPS, time-slicing), which cannot coexist. Shares of one kind
+    /// coexist by design.
+    pub fn overlaps(&self, other: &DeviceRecord, layout: Option<&tessera_gpu::MigLayout>) -> bool {
+        use DeviceKind::{Gpu, Mig, Mps, TimeSlice};
+        if self.gpu != other.gpu {
+            return false;
+        }
+        match (&self.kind, &other.kind) {
+            (Gpu { .. }, _) | (_, Gpu { .. }) => true,
+            (
+                Mig {
+                    profile_id: a,
+                    start: sa,
+                    ..
+                },
+                Mig {
+                    profile_id: b,
+                    start: sb,
+                    ..
+                },
+            ) => match layout.and_then(|l| Some((l.profile(*a)?, l.profile(*b)?))) {
+                Some((pa, pb)) => {
+                    tessera_gpu::geometry::memory_mask(pa, *sa)
+                        & tessera_gpu::geometry::memory_mask(pb, *sb)
+                        != 0
+                }
+                // Without the geometry, only the very same placement is known to clash.
+                None => a == b && sa == sb,
+            },
+            (Mig { .. }, Mps { .. } | TimeSlice { .. })
+            | (Mps { .. } | TimeSlice { .. }, Mig { .. }) => true,
+            (Mps { .. }, TimeSlice { .. }) | (TimeSlice { .. }, Mps { .. }) => true,
+            (Mps { .. }, Mps { .. }) | (TimeSlice { .. }, TimeSlice { .. }) => false,
+        }
+    }
 }
 
 /// Identity of a created MIG instance. GI/CI ids are not stable across destroy/recreate, so
@@ -513,5 +567,67 @@ mod tests {
         fs::write(dir.path().join("0b1e-uid.json"), file.to_string()).unwrap();
         let err = CheckpointStore::new(dir.path(), None).load().unwrap_err();
         assert!(matches!(err, Error::Version { .. }), "{err}");
+    }
+
+    fn device(gpu: u32, kind: DeviceKind) -> DeviceRecord {
+        DeviceRecord {
+            request_names: vec![],
+            pool: "node-a".into(),
+            device: "d".into(),
+            gpu,
+            kind,
+            share_id: None,
+            cdi_device_ids: vec![],
+        }
+    }
+
+    fn mig(gpu: u32, profile: &str, start: u8) -> DeviceRecord {
+        let layout = tessera_gpu::find_model("h100-80gb")
+            .unwrap()
+            .mig
+            .as_ref()
+            .unwrap();
+        let p = layout.profile_by_name(profile).unwrap();
+        device(
+            gpu,
+            DeviceKind::Mig {
+                profile_id: p.profile_id,
+                profile: profile.into(),
+                start,
+                size: p.memory_slices,
+                created: None,
+            },
+        )
+    }
+
+    #[test]
+    fn devices_overlap_by_the_hardware_they_use_not_by_name() {
+        let layout = tessera_gpu::find_model("h100-80gb").unwrap().mig.as_ref();
+        let whole = device(
+            0,
+            DeviceKind::Gpu {
+                uuid: "GPU-0".into(),
+            },
+        );
+        let mps = device(
+            0,
+            DeviceKind::Mps {
+                uuid: "GPU-0".into(),
+                active_thread_percentage: 25,
+                pinned_memory_limit_mib: 0,
+            },
+        );
+        // The whole GPU and a partition of it.
+        assert!(whole.overlaps(&mig(0, "1g.10gb", 6), layout));
+        // A 3g at 0 spans memory slices 0-3: a 1g at 2 is inside, a 1g at 4 is not.
+        assert!(mig(0, "3g.40gb", 0).overlaps(&mig(0, "1g.10gb", 2), layout));
+        assert!(!mig(0, "3g.40gb", 0).overlaps(&mig(0, "1g.10gb", 4), layout));
+        // Another GPU never overlaps; MPS shares coexist, MPS and MIG do not.
+        assert!(!whole.overlaps(&mig(1, "7g.80gb", 0), layout));
+        assert!(!mps.overlaps(&mps.clone(), layout));
+        assert!(mps.overlaps(&mig(0, "1g.10gb", 0), layout));
+        // Without the geometry only the same placement is known to clash.
+        assert!(mig(0, "3g.40gb", 0).overlaps(&mig(0, "3g.40gb", 0), None));
+        assert!(!mig(0, "3g.40gb", 0).overlaps(&mig(0, "1g.10gb", 2), None));
     }
 }

@@ -14,6 +14,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod devnodes;
 pub mod driver;
+pub mod health_store;
 pub mod http;
 pub mod kubelet;
 pub mod metrics;

@@ -17,6 +17,7 @@ use tessera_plugin::{
     checkpoint::{self, CheckpointStore},
     config::{Args, BackendKind, LogFormat},
     driver::{Driver, DriverConfig, DriverHandle, NodeGpus},
+    health_store::HealthStore,
     http,
     kubelet::{self, KubeletServerConfig},
     metrics::Metrics,
@@ -138,6 +139,10 @@ async fn main() -> anyhow::Result<()> {
         driver.clone(),
         &node_uid,
         args.default_strategy,
+        HealthStore::new(
+            args.state_dir.join("gpu-health.json"),
+            checkpoint::read_boot_id(&args.boot_id_file),
+        ),
         health_tx,
         ready_tx,
     );

@@ -30,13 +30,15 @@ use kube::{
     runtime::{WatchStreamExt, watcher},
 };
 use tessera_api::GpuNode;
-use tessera_gpu::backend::{HealthEvent, HealthEventKind};
+use tessera_gpu::backend::{HealthEvent, HealthEventKind, MigInstance};
 use tokio::sync::{broadcast, watch};
 use tracing::{info, warn};
 
 use crate::{
+    checkpoint::Checkpoint,
     config::DefaultStrategy,
     driver::Driver,
+    health_store::HealthStore,
     kubelet::{DeviceHealthEntry, DeviceHealthStatus, RegistrationState},
     slices::{self, DesiredPool, GpuView, publish::Publisher},
     status::{self, GpuHealthState, StatusInput, StatusWriter},
@@ -71,6 +73,8 @@ pub struct NodeLoop {
     slices_api: Api<ResourceSlice>,
     default_strategy: DefaultStrategy,
     health: BTreeMap<u32, GpuHealthState>,
+    /// Where `health`'s faults outlive the process.
+    health_store: HealthStore,
     health_tx: watch::Sender<Vec<DeviceHealthEntry>>,
     ready_tx: watch::Sender<Result<(), String>>,
     last_generation: i64,
@@ -88,16 +92,33 @@ impl NodeLoop {
         driver: Arc<Driver>,
         node_uid: &str,
         default_strategy: DefaultStrategy,
+        health_store: HealthStore,
         health_tx: watch::Sender<Vec<DeviceHealthEntry>>,
         ready_tx: watch::Sender<Result<(), String>>,
     ) -> Self {
+        // Faults seen before a restart still hold (see `health_store`).
+        let health = health_store.load(&driver.hw.gpus).unwrap_or_else(|e| {
+            warn!(
+                error = &e as &dyn std::error::Error,
+                "cannot read the recorded GPU faults; starting from healthy"
+            );
+            BTreeMap::new()
+        });
+        for (gpu, h) in &health {
+            warn!(
+                gpu,
+                message = h.message.as_deref().unwrap_or_default(),
+                "the GPU faulted before the plugin restarted; it stays tainted"
+            );
+        }
         Self {
             publisher: Publisher::new(client.clone(), &driver.node, node_uid, &driver.driver_name),
             status: StatusWriter::new(client.clone(), &driver.node, node_uid),
             slices_api: Api::all(client),
             driver,
             default_strategy,
-            health: BTreeMap::new(),
+            health,
+            health_store,
             health_tx,
             ready_tx,
             last_generation: 0,
@@ -131,6 +152,7 @@ impl NodeLoop {
         let hw = &crate::driver::NodeGpus {
             gpus,
             layouts: self.driver.hw.layouts.clone(),
+            unreadable: self.driver.hw.unreadable.clone(),
         };
         let (offers, warnings) = slices::resolve_offers(
             &hw.gpus,
@@ -144,8 +166,16 @@ impl NodeLoop {
             }
             self.last_warnings.clone_from(&warnings);
         }
+        // The checkpoint before the hardware: a prepare records its claim before it makes
+        // the instance, so every instance read afterwards that no record owns is foreign.
+        let checkpoint = self.driver.checkpoint_snapshot().await;
         let live = self.driver.live_instances().await?;
-        let occupancy = self.driver.occupancy(&live);
+        self.note_unreadable(&live.unreadable);
+        let occupancy = self.driver.occupancy(&live.by_gpu);
+        let foreign = foreign_instances(&live.by_gpu, &checkpoint);
+        let blocked = self.driver.occupancy(&foreign);
+        let unavailable = foreign_notes(&foreign);
+        let mps_running = self.mps_running(&offers).await;
         let empty = tessera_gpu::Occupancy::default();
         let views: Vec<GpuView<'_>> = hw
             .gpus
@@ -156,6 +186,7 @@ impl NodeLoop {
                 layout: hw.layouts.get(&info.index),
                 offer,
                 occupancy: occupancy.get(&info.index).unwrap_or(&empty),
+                blocked: blocked.get(&info.index).unwrap_or(&empty),
             })
             .collect();
         let mut pool = slices::build_pool(&views, None);
@@ -177,7 +208,6 @@ impl NodeLoop {
                 outcome.dropped_fields.join(", ")
             ));
         }
-        let checkpoint = self.driver.checkpoint_snapshot().await;
         // Our own last write is newer than the watched object until the watch catches up.
         let previous = self
             .status
@@ -187,18 +217,79 @@ impl NodeLoop {
         let st = status::compute(
             &StatusInput {
                 hw,
-                live: &live,
+                live: &live.by_gpu,
                 checkpoint: &checkpoint,
                 offers: &offers,
                 health: &self.health,
+                mps_running: &mps_running,
                 observed_generation: gpunode.metadata.generation,
                 problems: &problems,
                 config_warnings: &warnings,
+                unavailable: &unavailable,
             },
             &previous,
         );
         self.status.write(st).await.map_err(Error::GpuNode)?;
         Ok(pool)
+    }
+
+    /// Marks GPUs that could not be read as unhealthy (once), so they are tainted and
+    /// reported while the others keep serving.
+    fn note_unreadable(&mut self, unreadable: &BTreeMap<u32, String>) {
+        let mut changed = false;
+        for (gpu, error) in self.driver.hw.unreadable.iter().chain(unreadable) {
+            if self.health.get(gpu).is_some_and(|h| !h.healthy) {
+                continue;
+            }
+            warn!(gpu, %error, "cannot read the GPU; tainting its devices");
+            self.health.insert(
+                *gpu,
+                GpuHealthState {
+                    healthy: false,
+                    message: Some("gpu-unreadable".into()),
+                },
+            );
+            changed = true;
+        }
+        if changed {
+            self.save_health();
+        }
+    }
+
+    fn save_health(&self) {
+        if let Err(e) = self.health_store.save(&self.health, &self.driver.hw.gpus) {
+            warn!(
+                error = &e as &dyn std::error::Error,
+                "cannot record the GPUs' health; a restart would forget a fault"
+            );
+        }
+    }
+
+    /// Whether each MPS GPU's control daemon runs, as the backend says.
+    async fn mps_running(&self, offers: &[slices::GpuOffer]) -> BTreeMap<u32, bool> {
+        let gpus: Vec<u32> = self
+            .driver
+            .hw
+            .gpus
+            .iter()
+            .zip(offers)
+            .filter(|(_, o)| matches!(o, slices::GpuOffer::Mps { .. }))
+            .map(|(g, _)| g.index)
+            .collect();
+        let backend = self.driver.backend.clone();
+        crate::driver::blocking(move || {
+            gpus.into_iter()
+                .filter_map(|g| {
+                    let state = backend.mps_state(g).ok()?;
+                    Some((
+                        g,
+                        matches!(state, tessera_gpu::backend::MpsState::Running { .. }),
+                    ))
+                })
+                .collect()
+        })
+        .await
+        .unwrap_or_default()
     }
 
     fn apply_taints(&self, pool: &mut DesiredPool) {
@@ -308,6 +399,7 @@ impl NodeLoop {
                 message: Some(message),
             },
         );
+        self.save_health();
         true
     }
 
@@ -481,6 +573,42 @@ impl NodeLoop {
             }
         }
     }
+}
+
+/// The MIG instances no claim of the checkpoint owns: made by someone else (or left by a
+/// record lost in a crash). What they overlap is not offered, and they are never destroyed.
+fn foreign_instances(
+    live: &BTreeMap<u32, Vec<MigInstance>>,
+    checkpoint: &Checkpoint,
+) -> BTreeMap<u32, Vec<MigInstance>> {
+    live.iter()
+        .map(|(gpu, instances)| {
+            let foreign: Vec<MigInstance> = instances
+                .iter()
+                .filter(|i| checkpoint.mig_owner(*gpu, i.start, i.profile_id).is_none())
+                .cloned()
+                .collect();
+            (*gpu, foreign)
+        })
+        .filter(|(_, v)| !v.is_empty())
+        .collect()
+}
+
+/// What the status says about GPUs whose offer foreign instances cut down.
+fn foreign_notes(foreign: &BTreeMap<u32, Vec<MigInstance>>) -> Vec<String> {
+    foreign
+        .iter()
+        .map(|(gpu, instances)| {
+            let list: Vec<String> = instances
+                .iter()
+                .map(|i| format!("{} at memory slice {}", i.profile_name, i.start))
+                .collect();
+            format!(
+                "GPU {gpu}: MIG instances Tessera did not create ({}) are kept; the placements they overlap and the whole GPU are not offered",
+                list.join(", ")
+            )
+        })
+        .collect()
 }
 
 /// How a watched `GpuNode` differs from the one kept.

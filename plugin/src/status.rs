@@ -55,12 +55,17 @@ pub struct StatusInput<'a> {
     pub offers: &'a [GpuOffer],
     /// Health per GPU (absent: healthy).
     pub health: &'a BTreeMap<u32, GpuHealthState>,
+    /// Whether the MPS control daemon of each MPS GPU runs, as the backend says.
+    pub mps_running: &'a BTreeMap<u32, bool>,
     /// `GpuNode.metadata.generation` the offers were resolved from.
     pub observed_generation: Option<i64>,
     /// Problems publishing: fields the API server dropped.
     pub problems: &'a [String],
     /// Parts of the spec that could not apply to a GPU (reported in `Applied`).
     pub config_warnings: &'a [String],
+    /// Parts of GPUs not offered because MIG instances Tessera did not create hold them
+    /// (reported in `Applied`).
+    pub unavailable: &'a [String],
 }
 
 /// Computes the status (pure).
@@ -79,9 +84,14 @@ pub fn compute(input: &StatusInput<'_>, previous: &[Condition]) -> GpuNodeStatus
             .map(|v| {
                 v.iter()
                     .map(|i| {
-                        let owner = claims_on(&|k| matches!(k, DeviceKind::Mig { start, profile_id, .. } if *start == i.start && *profile_id == i.profile_id))
-                            .first()
-                            .map(|(r, _)| ClaimRef { namespace: r.namespace.clone(), name: r.name.clone(), uid: r.uid.clone() });
+                        let owner = input
+                            .checkpoint
+                            .mig_owner(info.index, i.start, i.profile_id)
+                            .map(|r| ClaimRef {
+                                namespace: r.namespace.clone(),
+                                name: r.name.clone(),
+                                uid: r.uid.clone(),
+                            });
                         MigInstanceState {
                             profile: i.profile_name.clone(),
                             placement_start: u32::from(i.start),
@@ -89,7 +99,11 @@ pub fn compute(input: &StatusInput<'_>, previous: &[Condition]) -> GpuNodeStatus
                             uuid: i.uuid().unwrap_or_default().to_string(),
                             gpu_instance_id: i.gpu_instance_id,
                             compute_instance_id: i.compute_instances.first().map_or(0, |c| c.id),
-                            origin: if owner.is_some() { InstanceOrigin::Tessera } else { InstanceOrigin::External },
+                            origin: if owner.is_some() {
+                                InstanceOrigin::Tessera
+                            } else {
+                                InstanceOrigin::External
+                            },
                             claim: owner,
                         }
                     })
@@ -129,7 +143,7 @@ pub fn compute(input: &StatusInput<'_>, previous: &[Condition]) -> GpuNodeStatus
             mig_pending_reset: info.mig_pending != info.mig_enabled,
             strategy: Some(strategy),
             mps: matches!(offer, GpuOffer::Mps { .. }).then(|| MpsState {
-                daemon_running: !mps_clients.is_empty(),
+                daemon_running: input.mps_running.get(&info.index).copied().unwrap_or(false),
                 clients: mps_clients,
             }),
             instances,
@@ -172,21 +186,30 @@ pub fn compute(input: &StatusInput<'_>, previous: &[Condition]) -> GpuNodeStatus
             previous,
         )
     };
-    let applied = if input.config_warnings.is_empty() {
+    let applied = if !input.config_warnings.is_empty() {
         condition(
             types::APPLIED,
-            true,
-            reasons::AS_EXPECTED,
-            "the published devices follow the spec",
+            false,
+            reasons::CONFIG_NOT_APPLICABLE,
+            &input.config_warnings.join("; "),
+            input.observed_generation,
+            previous,
+        )
+    } else if !input.unavailable.is_empty() {
+        condition(
+            types::APPLIED,
+            false,
+            reasons::FOREIGN_INSTANCES,
+            &input.unavailable.join("; "),
             input.observed_generation,
             previous,
         )
     } else {
         condition(
             types::APPLIED,
-            false,
-            reasons::CONFIG_NOT_APPLICABLE,
-            &input.config_warnings.join("; "),
+            true,
+            reasons::AS_EXPECTED,
+            "the published devices follow the spec",
             input.observed_generation,
             previous,
         )

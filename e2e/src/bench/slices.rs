@@ -80,6 +80,7 @@ impl H100x8 {
                 } else {
                     &self.empty
                 },
+                blocked: &self.empty,
             })
             .collect();
         build_pool(&views, Some("580.159.04"))

@@ -48,11 +48,13 @@ pub enum ClaimError {
     /// The claim is not what the kubelet described, or not allocated to us.
     #[error("{0}")]
     Invalid(String),
-    /// A device is already prepared for another claim.
-    #[error("device {device} is already prepared for claim {other}")]
+    /// A device uses hardware already prepared for another claim.
+    #[error("device {device} uses hardware already prepared for claim {other} (as {held})")]
     InUse {
         /// Device.
         device: String,
+        /// The other claim's device on that hardware (the same name, or one that overlaps).
+        held: String,
         /// The claim holding it.
         other: String,
     },
@@ -71,33 +73,61 @@ pub enum ClaimError {
 }
 
 /// Static facts about the node's GPUs, read once at start-up.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct NodeGpus {
     /// Every GPU.
     pub gpus: Vec<GpuInfo>,
     /// MIG geometry of each MIG-capable GPU, read from the backend (the driver's truth).
     pub layouts: BTreeMap<u32, MigLayout>,
+    /// GPUs whose own details could not be read at start-up (a GPU that fell off the
+    /// bus), with the error: they are reported unhealthy while the others serve.
+    pub unreadable: BTreeMap<u32, String>,
 }
 
 impl NodeGpus {
-    /// Reads the GPUs and their layouts from the backend.
+    /// Reads the GPUs and their layouts from the backend. Only a failure to list the GPUs
+    /// at all is an error; one GPU that cannot be read must not take the node's others
+    /// down with it.
     pub fn read(backend: &dyn GpuBackend) -> Result<Self, BackendError> {
         let gpus = backend.gpus()?;
         let mut layouts = BTreeMap::new();
-        for g in &gpus {
-            if g.mig_capable
-                && let Some(l) = backend.mig_layout(g.index)?
-            {
-                layouts.insert(g.index, l);
+        let mut unreadable = BTreeMap::new();
+        for g in gpus.iter().filter(|g| g.mig_capable) {
+            match backend.mig_layout(g.index) {
+                Ok(Some(l)) => {
+                    layouts.insert(g.index, l);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!(
+                        gpu = g.index,
+                        error = &e as &dyn std::error::Error,
+                        "cannot read the GPU; it is reported unhealthy"
+                    );
+                    unreadable.insert(g.index, e.to_string());
+                }
             }
         }
-        Ok(Self { gpus, layouts })
+        Ok(Self {
+            gpus,
+            layouts,
+            unreadable,
+        })
     }
 
     /// The GPU with this index.
     pub fn gpu(&self, index: u32) -> Option<&GpuInfo> {
         self.gpus.iter().find(|g| g.index == index)
     }
+}
+
+/// What the MIG-capable GPUs hold now.
+#[derive(Clone, Debug, Default)]
+pub struct LiveInstances {
+    /// Instances per GPU that could be read.
+    pub by_gpu: BTreeMap<u32, Vec<MigInstance>>,
+    /// GPUs that could not be read, with the error.
+    pub unreadable: BTreeMap<u32, String>,
 }
 
 /// Shared state of the driver.
@@ -267,15 +297,30 @@ impl Driver {
             .map_err(ClaimError::from)
     }
 
-    /// Live MIG instances of every MIG-capable GPU.
-    pub async fn live_instances(&self) -> Result<BTreeMap<u32, Vec<MigInstance>>, ClaimError> {
+    /// Live MIG instances of every MIG-capable GPU that can be read, and the errors of
+    /// those that cannot.
+    pub async fn live_instances(&self) -> Result<LiveInstances, ClaimError> {
         let gpus: Vec<u32> = self.hw.layouts.keys().copied().collect();
-        self.hw(move |b| {
+        let backend = self.backend.clone();
+        let read = blocking(move || {
             gpus.iter()
-                .map(|g| Ok((*g, b.mig_instances(*g)?)))
-                .collect::<Result<_, _>>()
+                .map(|g| (*g, backend.mig_instances(*g)))
+                .collect::<Vec<_>>()
         })
         .await
+        .map_err(|e| ClaimError::Internal(format!("hardware task failed: {e}")))?;
+        let mut live = LiveInstances::default();
+        for (gpu, result) in read {
+            match result {
+                Ok(instances) => {
+                    live.by_gpu.insert(gpu, instances);
+                }
+                Err(e) => {
+                    live.unreadable.insert(gpu, e.to_string());
+                }
+            }
+        }
+        Ok(live)
     }
 
     /// Occupancy of each MIG-capable GPU from its live instances.

@@ -129,8 +129,9 @@ impl Driver {
         Ok(())
     }
 
-    /// Last line of defence behind the scheduler's accounting: a whole GPU or a MIG
-    /// placement is never prepared for two claims.
+    /// Last line of defence behind the scheduler's accounting: hardware (a whole GPU, the
+    /// memory slices of a MIG placement) is never prepared for two claims, whatever the
+    /// devices are called (allocations written by hand bypass the scheduler's counters).
     async fn check_not_in_use(
         &self,
         c: &ClaimRef,
@@ -145,10 +146,15 @@ impl Driver {
             if shared {
                 continue;
             }
+            let layout = self.hw.layouts.get(&d.gpu);
             for (uid, other) in &cp.claims {
-                if *uid != c.uid && other.devices.iter().any(|o| o.device == d.device) {
+                if *uid == c.uid {
+                    continue;
+                }
+                if let Some(held) = other.devices.iter().find(|o| o.overlaps(d, layout)) {
                     return Err(ClaimError::InUse {
                         device: d.device.clone(),
+                        held: held.device.clone(),
                         other: format!("{}/{}", other.namespace, other.name),
                     });
                 }

@@ -10,6 +10,8 @@
 //! - A `PrepareCompleted` claim whose ResourceClaim no longer exists (or was replaced) is
 //!   unprepared: nothing will ever ask for its partition again.
 //! - MIG instances the checkpoint does not know are reported and never destroyed.
+//! - A claim on a GPU that cannot be read (fell off the bus) is kept as it is: nothing can
+//!   be checked or undone there, and the node's other GPUs must still come up.
 
 use std::collections::BTreeSet;
 
@@ -36,6 +38,8 @@ pub struct RecoveryReport {
     pub released: Vec<String>,
     /// MIG instances found that Tessera did not make: `gpu/start/profile`.
     pub foreign_instances: Vec<String>,
+    /// Claims on GPUs that could not be read, kept unchanged.
+    pub kept_unreadable: Vec<String>,
 }
 
 impl Driver {
@@ -73,6 +77,13 @@ impl Driver {
         let live = self.live_instances().await?;
         for rec in records {
             let gpus: BTreeSet<u32> = rec.devices.iter().map(|d| d.gpu).collect();
+            // A GPU that cannot be read cannot be reconciled: keep the record as it is; the
+            // kubelet's unprepare (or a later start) settles it.
+            if let Some(gpu) = gpus.iter().find(|g| live.unreadable.contains_key(g)) {
+                warn!(claim = %rec.uid, gpu, "cannot read the claim's GPU; its record is kept as it is");
+                report.kept_unreadable.push(rec.uid.clone());
+                continue;
+            }
             let _guards = self.lock_gpus(&gpus).await;
             match rec.phase {
                 ClaimPhase::PrepareStarted => {
@@ -85,7 +96,7 @@ impl Driver {
                             created: Some(m),
                             start,
                             ..
-                        } => live.get(&d.gpu).is_some_and(|v| {
+                        } => live.by_gpu.get(&d.gpu).is_some_and(|v| {
                             v.iter()
                                 .any(|i| i.start == *start && i.uuid() == Some(m.uuid.as_str()))
                         }),
@@ -117,12 +128,9 @@ impl Driver {
         }
         // Whatever is left on the GPUs and not in the checkpoint is someone else's.
         let cp = self.checkpoint.lock().await;
-        for (gpu, instances) in self.live_instances().await? {
+        for (gpu, instances) in self.live_instances().await?.by_gpu {
             for i in instances {
-                let ours = cp.claims.values().flat_map(|r| &r.devices).any(|d| {
-                    d.gpu == gpu && matches!(&d.kind, DeviceKind::Mig { start, profile_id, .. } if *start == i.start && *profile_id == i.profile_id)
-                });
-                if !ours {
+                if cp.mig_owner(gpu, i.start, i.profile_id).is_none() {
                     report
                         .foreign_instances
                         .push(format!("{gpu}/{}/{}", i.start, i.profile_name));

@@ -61,6 +61,10 @@ pub struct GpuView<'a> {
     pub offer: &'a GpuOffer,
     /// Live MIG instances (drives the publishing order).
     pub occupancy: &'a Occupancy,
+    /// The part of `occupancy` no claim of ours holds (instances someone else made): the
+    /// placements it overlaps, the whole GPU and whole-GPU shares are not offered, since
+    /// the scheduler's counters only count its own allocations.
+    pub blocked: &'a Occupancy,
 }
 
 /// The desired contents of the pool, before names and generations are assigned.
@@ -127,7 +131,7 @@ fn gpu_devices(
             // the whole GPU; an A100 offers what its current mode allows.
             let toggles = info.architecture.mig_toggle_without_reset();
             let offer_mig = toggles || info.mig_enabled;
-            let offer_whole = toggles || !info.mig_enabled;
+            let offer_whole = (toggles || !info.mig_enabled) && gpu.blocked.is_empty();
             let scheme = CounterScheme::new(layout);
             let mut devices: Vec<Device> = if offer_mig {
                 order::publishing_order(layout, gpu.occupancy)
@@ -136,6 +140,7 @@ fn gpu_devices(
                         allowed_profile_ids.is_empty()
                             || allowed_profile_ids.contains(&p.profile_id)
                     })
+                    .filter(|p| gpu.blocked.can_place(layout, *p))
                     .filter_map(|p| mig_device(info, layout, &scheme, p, &base))
                     .collect()
             } else {
@@ -153,6 +158,15 @@ fn gpu_devices(
             let scheme = CounterScheme::new(layout);
             let devices = placements
                 .iter()
+                .filter(|(id, start)| {
+                    gpu.blocked.can_place(
+                        layout,
+                        Placement {
+                            profile_id: *id,
+                            start: *start,
+                        },
+                    )
+                })
                 .filter_map(|(id, start)| {
                     mig_device(
                         info,
@@ -168,6 +182,8 @@ fn gpu_devices(
                 .collect();
             (Some(counter_set(&scheme, info.index)), devices)
         }
+        // A GPU someone else partitioned cannot be shared or handed out whole.
+        _ if !gpu.blocked.is_empty() => (None, Vec::new()),
         (
             GpuOffer::Mps {
                 max_clients,

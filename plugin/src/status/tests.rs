@@ -28,6 +28,7 @@ fn hw() -> NodeGpus {
     NodeGpus {
         gpus: vec![gpu("h100-80gb", 0), gpu("h100-80gb", 1), gpu("l4", 2)],
         layouts: [(0, layout.clone()), (1, layout)].into(),
+        unreadable: BTreeMap::new(),
     }
 }
 
@@ -142,6 +143,8 @@ struct Fixture {
     health: BTreeMap<u32, GpuHealthState>,
     problems: Vec<String>,
     config_warnings: Vec<String>,
+    mps_running: BTreeMap<u32, bool>,
+    unavailable: Vec<String>,
 }
 
 impl Fixture {
@@ -154,6 +157,8 @@ impl Fixture {
             health: BTreeMap::new(),
             problems: vec![],
             config_warnings: vec![],
+            mps_running: BTreeMap::new(),
+            unavailable: vec![],
         }
     }
 
@@ -165,9 +170,11 @@ impl Fixture {
                 checkpoint: &self.checkpoint,
                 offers: &self.offers,
                 health: &self.health,
+                mps_running: &self.mps_running,
                 observed_generation: Some(3),
                 problems: &self.problems,
                 config_warnings: &self.config_warnings,
+                unavailable: &self.unavailable,
             },
             previous,
         )
@@ -253,7 +260,7 @@ fn counts_and_strategy_mix_summarise_the_node() {
 }
 
 #[test]
-fn mps_clients_come_from_the_checkpoint() {
+fn mps_clients_come_from_the_checkpoint_and_the_daemon_from_the_backend() {
     let mut f = Fixture::new();
     f.offers[2] = GpuOffer::Mps {
         max_clients: 8,
@@ -270,6 +277,10 @@ fn mps_clients_come_from_the_checkpoint() {
             pinned_memory_limit_mib: 4096,
         },
     )]);
+    // The checkpoint has a client, but the daemon is what the backend says: not running.
+    let s = f.compute(&[]);
+    assert!(!s.gpus[2].mps.as_ref().unwrap().daemon_running);
+    f.mps_running.insert(2, true);
     let s = f.compute(&[]);
     assert_eq!(s.strategy_mix.as_deref(), Some("MIG:2,MPS:1"));
     let mps = s.gpus[2].mps.as_ref().expect("MPS state");
@@ -439,4 +450,28 @@ fn same_ignores_condition_times_only() {
     let mut e = a.clone();
     e.conditions[0].message = "changed".into();
     assert!(!same(&a, &e));
+}
+
+#[test]
+fn foreign_instances_that_cut_an_offer_show_in_applied() {
+    let mut f = Fixture::new();
+    f.unavailable = vec![
+        "GPU 0: MIG instances Tessera did not create (3g.40gb at memory slice 0) are kept".into(),
+    ];
+    let s = f.compute(&[]);
+    let applied = s
+        .conditions
+        .iter()
+        .find(|c| c.type_ == types::APPLIED)
+        .unwrap();
+    assert_eq!(
+        (applied.status.as_str(), applied.reason.as_str()),
+        ("False", reasons::FOREIGN_INSTANCES)
+    );
+    assert!(
+        applied.message.contains("3g.40gb at memory slice 0"),
+        "{}",
+        applied.message
+    );
+    assert_eq!(ready(&s).status, "True", "the rest of the node serves");
 }

@@ -40,6 +40,7 @@ struct Gpu {
     layout: Option<&'static MigLayout>,
     offer: GpuOffer,
     occupancy: Occupancy,
+    blocked: Occupancy,
 }
 
 fn dynamic_h100(index: u32) -> Gpu {
@@ -50,6 +51,7 @@ fn dynamic_h100(index: u32) -> Gpu {
             allowed_profile_ids: vec![],
         },
         occupancy: Occupancy::new(),
+        blocked: Occupancy::new(),
     }
 }
 
@@ -76,6 +78,7 @@ fn an_a100_offers_only_what_its_current_mig_mode_allows() {
             layout: Some(&layout),
             offer: &offer,
             occupancy: &occ,
+            blocked: &occ,
         };
         let pool = build_pool(&[view], None);
         let names: Vec<_> = pool.device_names().collect();
@@ -101,6 +104,7 @@ fn exclusive_l4(index: u32) -> Gpu {
         layout: None,
         offer: GpuOffer::Exclusive,
         occupancy: Occupancy::new(),
+        blocked: Occupancy::new(),
     }
 }
 
@@ -112,6 +116,7 @@ fn build_with(gpus: &[Gpu], driver_version: Option<&str>) -> DesiredPool {
             layout: g.layout,
             offer: &g.offer,
             occupancy: &g.occupancy,
+            blocked: &g.blocked,
         })
         .collect();
     build_pool(&views, driver_version)
@@ -871,4 +876,64 @@ fn a_node_without_gpus_still_has_one_slice() {
     assert!(pool.device_slices.is_empty());
     assert_eq!(pool.slice_count(), 1);
     assert_eq!(pool.device_names().count(), 0);
+}
+
+#[test]
+fn placements_overlapping_instances_tessera_did_not_make_are_not_offered() {
+    // Someone else made a 3g.40gb at memory slice 0 of GPU 0.
+    let foreign = Occupancy::from_placements(
+        h100(),
+        &[Placement {
+            profile_id: 9,
+            start: 0,
+        }],
+    )
+    .unwrap();
+    let gpu = Gpu {
+        occupancy: foreign.clone(),
+        blocked: foreign.clone(),
+        ..dynamic_h100(0)
+    };
+    let names: Vec<String> = build(&[gpu]).device_names().map(str::to_string).collect();
+    let layout = h100();
+    let offered: Vec<Placement> = layout
+        .all_placements()
+        .filter(|(p, s)| names.contains(&naming::mig_device_name(0, &p.name, *s).unwrap()))
+        .map(|(p, s)| Placement {
+            profile_id: p.profile_id,
+            start: s,
+        })
+        .collect();
+    assert!(!offered.is_empty(), "the free half is still offered");
+    assert!(
+        offered.iter().all(|p| foreign.can_place(layout, *p)),
+        "an offered placement overlaps the foreign instance: {names:?}"
+    );
+    let free_half: Vec<Placement> = layout
+        .all_placements()
+        .map(|(p, s)| Placement {
+            profile_id: p.profile_id,
+            start: s,
+        })
+        .filter(|p| foreign.can_place(layout, *p))
+        .collect();
+    assert_eq!(
+        offered.len(),
+        free_half.len(),
+        "every free placement is offered"
+    );
+    assert!(!names.contains(&"gpu-0".to_string()), "not the whole GPU");
+
+    // Nor a whole-GPU share of it.
+    let mps = Gpu {
+        offer: GpuOffer::Mps {
+            max_clients: 4,
+            default_thread_percentage: 25,
+            default_memory_mib: 0,
+        },
+        occupancy: foreign.clone(),
+        blocked: foreign,
+        ..dynamic_h100(0)
+    };
+    assert_eq!(build(&[mps]).device_names().count(), 0);
 }
