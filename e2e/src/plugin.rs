@@ -188,6 +188,9 @@ impl SimNode {
             .arg(self.state_dir())
             .arg("--boot-id-file")
             .arg(self.root.join("boot_id"))
+            // Where the simulated driver publishes its MIG capability files.
+            .arg("--nvidia-caps-root")
+            .arg(self.root.join("driver-capabilities"))
             .arg("--metrics-address")
             .arg(format!("127.0.0.1:{}", self.metrics_port))
             .arg("--kubeconfig")

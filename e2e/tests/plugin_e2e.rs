@@ -275,6 +275,17 @@ async fn mig_mps_and_whole_gpu_pods_run_and_deleting_them_destroys_what_was_made
             spec.contains(&format!("NVIDIA_VISIBLE_DEVICES={mig_uuid}")),
             "{spec}"
         );
+        // The GPU and compute instance capability nodes, from the driver's files.
+        let (gi, ci) = (inst.id, inst.compute_instances[0].id);
+        for cap in [
+            tessera_gpu::backend::sim::caps::minor(gpu, gi, None),
+            tessera_gpu::backend::sim::caps::minor(gpu, gi, Some(ci)),
+        ] {
+            assert!(
+                spec.contains(&format!("/dev/nvidia-caps/nvidia-cap{cap}")),
+                "{spec}"
+            );
+        }
         // What the kubelet handed the container runtime is what the plugin returned.
         assert_eq!(
             h100.kubelet.cdi_devices(&pod.uid().unwrap())["main"],

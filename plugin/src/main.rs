@@ -63,7 +63,12 @@ async fn main() -> anyhow::Result<()> {
         BackendKind::Sim => {
             let inventory = args.sim_inventory.as_deref().context("--sim-inventory is required with --backend sim")?;
             let state = args.sim_state.clone().unwrap_or_else(|| args.state_dir.join("sim-hardware.json"));
-            Arc::new(SimBackend::open(inventory, Some(&state)).context("starting the simulated GPU backend")?)
+            // The simulator publishes its MIG capability files where the plugin reads the
+            // driver's, so the CDI path is the production one.
+            Arc::new(
+                SimBackend::open_with_caps(inventory, Some(&state), Some(&args.nvidia_caps_root))
+                    .context("starting the simulated GPU backend")?,
+            )
         }
         BackendKind::Nvml => Arc::new(NvmlBackend::new().context(
             "loading NVML (libnvidia-ml.so.1): is the NVIDIA driver installed and mounted into this container?",

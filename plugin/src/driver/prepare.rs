@@ -273,8 +273,6 @@ impl Driver {
                             m.compute_instance_id,
                         ) {
                             Ok(nodes) => edits.device_nodes.extend(nodes.into_iter().map(node)),
-                            // The simulated backend has no driver publishing capabilities.
-                            Err(_) if self.backend.kind() == "sim" => {}
                             Err(e) => {
                                 return Err(ClaimError::Internal(format!(
                                     "the MIG device's capability device nodes are unknown ({e}); the container could not use it"

@@ -28,6 +28,22 @@ pub(super) struct Inner {
     pub(super) faults: Faults,
     pub(super) latencies: SimLatencies,
     pub(super) events: broadcast::Sender<HealthEvent>,
+    pub(super) caps_root: Option<PathBuf>,
+}
+
+impl Inner {
+    /// Publishes the MIG capability files of the current instances (see [`super::caps`]).
+    pub(super) fn publish_caps(&self) -> Result<(), String> {
+        let Some(root) = &self.caps_root else {
+            return Ok(());
+        };
+        super::caps::publish(root, &self.state).map_err(|e| {
+            format!(
+                "publishing MIG capability files under {}: {e} (point --nvidia-caps-root at a writable directory for the simulated backend)",
+                root.display()
+            )
+        })
+    }
 }
 
 pub(super) fn init_err(kind: ErrorKind) -> BackendError {

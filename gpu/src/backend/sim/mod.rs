@@ -13,6 +13,7 @@
 //! - Latencies from [`SimLatencies`]; faults from the in-process API or a control file
 //!   (see [`faults`]).
 
+pub mod caps;
 pub mod faults;
 mod inner;
 pub mod inventory;
@@ -54,6 +55,9 @@ pub struct SimConfig {
     pub faults_path: Option<PathBuf>,
     /// Latencies; the inventory's, else the reference defaults, when `None`.
     pub latencies: Option<SimLatencies>,
+    /// Where to publish the MIG capability files, as the driver does under
+    /// `/proc/driver/nvidia/capabilities` (see [`caps`]); not published when `None`.
+    pub caps_root: Option<PathBuf>,
 }
 
 /// The simulated backend. Cheap to share: `Arc<SimBackend>` or `Arc<dyn GpuBackend>`.
@@ -94,12 +98,16 @@ impl SimBackend {
             faults: Faults::default(),
             latencies,
             events: events.clone(),
+            caps_root: config.caps_root,
         };
         if fresh {
             inner
                 .save()
                 .map_err(|e| init_err(ErrorKind::Io(format!("writing state: {e}"))))?;
         }
+        inner
+            .publish_caps()
+            .map_err(|e| init_err(ErrorKind::Io(e)))?;
         let poll = inner.faults_path.is_some();
         let inner = Arc::new(Mutex::new(inner));
         if poll {
@@ -119,11 +127,21 @@ impl SimBackend {
 
     /// A node from an inventory file with optional persistent state.
     pub fn open(inventory: &Path, state_path: Option<&Path>) -> Result<Self, BackendError> {
+        Self::open_with_caps(inventory, state_path, None)
+    }
+
+    /// [`SimBackend::open`], publishing MIG capability files under `caps_root`.
+    pub fn open_with_caps(
+        inventory: &Path,
+        state_path: Option<&Path>,
+        caps_root: Option<&Path>,
+    ) -> Result<Self, BackendError> {
         let inventory = Inventory::from_file(inventory)
             .map_err(|e| init_err(ErrorKind::InvalidArgument(e.to_string())))?;
         Self::new(SimConfig {
             inventory,
             state_path: state_path.map(Path::to_path_buf),
+            caps_root: caps_root.map(Path::to_path_buf),
             ..SimConfig::default()
         })
     }
@@ -206,6 +224,9 @@ impl SimBackend {
                     ErrorKind::Io(e.to_string()),
                 ));
             }
+            inner
+                .publish_caps()
+                .map_err(|e| BackendError::new(gpu, op, ErrorKind::Io(e)))?;
             if inner.take_abort(op, gpu) {
                 tracing::error!(%op, ?gpu, "aborting the process after this operation, as injected");
                 std::process::abort();

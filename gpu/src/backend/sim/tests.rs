@@ -403,3 +403,32 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn mig_capability_files_follow_the_instances_as_the_driver_publishes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let caps = dir.path().join("capabilities");
+    let s = SimBackend::new(SimConfig {
+        inventory: inv("gpus: [{model: h100-80gb, migEnabled: true}]"),
+        latencies: Some(SimLatencies::zero()),
+        caps_root: Some(caps.clone()),
+        ..SimConfig::default()
+    })
+    .unwrap();
+    let inst = s.create_mig_device(0, 9, 4).unwrap();
+    let gi = inst.gpu_instance_id;
+    let ci = inst.compute_instances[0].id;
+    let read = |p: &str| std::fs::read_to_string(caps.join(p)).unwrap();
+    assert!(
+        read(&format!("gpu0/mig/gi{gi}/access"))
+            .contains(&format!("DeviceFileMinor: {}", caps::minor(0, gi, None)))
+    );
+    assert!(
+        read(&format!("gpu0/mig/gi{gi}/ci{ci}/access")).contains(&format!(
+            "DeviceFileMinor: {}",
+            caps::minor(0, gi, Some(ci))
+        ))
+    );
+    s.destroy_mig_device(0, gi).unwrap();
+    assert!(!caps.join(format!("gpu0/mig/gi{gi}")).exists());
+}

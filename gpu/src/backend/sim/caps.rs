@@ -1,0 +1,73 @@
+//! The driver's MIG capability files, as the NVIDIA driver publishes them under
+//! `/proc/driver/nvidia/capabilities`: `gpu<minor>/mig/gi<GI>/access` and
+//! `…/gi<GI>/ci<CI>/access`, each holding `DeviceFileMinor: <N>`, the minor of the
+//! `/dev/nvidia-caps/nvidia-cap<N>` node a container needs for that GPU or compute
+//! instance. The plugin reads them to build a MIG device's CDI spec, so the simulator
+//! writes them too, and the plugin's real code path runs in every test.
+//!
+//! The minors are a stable numbering of the simulator's own (the driver's comes from
+//! `/proc/driver/nvidia-caps/mig-minors`): distinct for every GPU, GI and CI.
+
+use std::{fs, io, path::Path};
+
+use super::state::SimState;
+
+/// GPU instance ids a GPU can have (H100: up to 7 instances, ids below 15).
+const GI_IDS: u32 = 15;
+/// Compute instance ids a GPU instance can have, plus one for the GI itself.
+const CI_SLOTS: u32 = 9;
+
+/// The minor of a GPU instance's (`ci: None`) or compute instance's capability node.
+pub fn minor(gpu_minor: u32, gi: u32, ci: Option<u32>) -> u32 {
+    let gi_minor = 1 + (gpu_minor * GI_IDS + gi) * CI_SLOTS;
+    ci.map_or(gi_minor, |ci| gi_minor + 1 + ci)
+}
+
+/// Rewrites the capability tree under `root` to match the instances in `state`.
+pub fn publish(root: &Path, state: &SimState) -> io::Result<()> {
+    for g in &state.gpus {
+        // The simulated node numbers its device files like its indices.
+        let mig = root.join(format!("gpu{}", g.index)).join("mig");
+        match fs::remove_dir_all(&mig) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        for gi in &g.instances {
+            let dir = mig.join(format!("gi{}", gi.id));
+            fs::create_dir_all(&dir)?;
+            write_access(&dir, minor(g.index, gi.id, None))?;
+            for ci in &gi.compute_instances {
+                let ci_dir = dir.join(format!("ci{}", ci.id));
+                fs::create_dir_all(&ci_dir)?;
+                write_access(&ci_dir, minor(g.index, gi.id, Some(ci.id)))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn write_access(dir: &Path, minor: u32) -> io::Result<()> {
+    fs::write(
+        dir.join("access"),
+        format!("DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minors_are_distinct_across_gpus_instances_and_compute_instances() {
+        let mut seen = std::collections::BTreeSet::new();
+        for gpu in 0..8 {
+            for gi in 0..GI_IDS {
+                assert!(seen.insert(minor(gpu, gi, None)));
+                for ci in 0..CI_SLOTS - 1 {
+                    assert!(seen.insert(minor(gpu, gi, Some(ci))));
+                }
+            }
+        }
+    }
+}
