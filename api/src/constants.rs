@@ -33,5 +33,17 @@ pub mod device_type {
     pub const TIMESLICE: &str = "timeslice";
 }
 
+/// Taint key on every device of a GPU that reported a fatal fault or cannot be read; its
+/// value says why (`xid-79`, `gpu-lost`, `gpu-unreadable`), its effect is `NoSchedule`.
+pub const UNHEALTHY_TAINT_KEY: &str = "gpu.tessera.dev/unhealthy";
+
+/// CDI vendor of a driver's devices: `k8s.<driver name>`, as the reference drivers use.
+pub fn cdi_vendor(driver_name: &str) -> String {
+    format!("k8s.{driver_name}")
+}
+
+/// CDI class of the per-claim devices (`k8s.gpu.tessera.dev/claim=<uid>-<device>`).
+pub const CDI_CLASS: &str = "claim";
+
 /// Label carried by every object Tessera creates, so they can be listed and cleaned up.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";

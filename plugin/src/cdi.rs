@@ -14,10 +14,7 @@ use std::{
 
 use serde::Serialize;
 
-/// CDI vendor: `k8s.<driver>` as both reference drivers do.
-pub const CDI_VENDOR: &str = "k8s.gpu.tessera.dev";
-/// CDI class.
-pub const CDI_CLASS: &str = "claim";
+pub use tessera_api::constants::CDI_CLASS;
 
 /// Writing a spec failed.
 #[derive(Debug, thiserror::Error)]
@@ -91,14 +88,6 @@ pub fn device_name(claim_uid: &str, device: &str) -> String {
     format!("{claim_uid}-{device}")
 }
 
-/// The fully qualified CDI id (`vendor/class=name`).
-pub fn qualified_id(claim_uid: &str, device: &str) -> String {
-    format!(
-        "{CDI_VENDOR}/{CDI_CLASS}={}",
-        device_name(claim_uid, device)
-    )
-}
-
 /// The lowest `cdiVersion` that allows what the spec uses. A runtime refuses a spec that
 /// declares a lower version than its fields need (dra.md §9.1), and older runtimes refuse
 /// versions they do not know, so we declare exactly the minimum.
@@ -123,18 +112,32 @@ pub fn minimum_version(devices: &[CdiDevice]) -> &'static str {
 #[derive(Clone, Debug)]
 pub struct CdiWriter {
     dir: PathBuf,
+    /// `k8s.<driver name>`: a second driver instance under another name gets its own ids.
+    vendor: String,
 }
 
 impl CdiWriter {
-    /// Specs go to `dir` (normally `/var/run/cdi`).
-    pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into() }
+    /// Specs of driver `driver_name` go to `dir` (normally `/var/run/cdi`).
+    pub fn new(dir: impl Into<PathBuf>, driver_name: &str) -> Self {
+        Self {
+            dir: dir.into(),
+            vendor: tessera_api::constants::cdi_vendor(driver_name),
+        }
+    }
+
+    /// The fully qualified CDI id of a claim's device (`vendor/class=name`).
+    pub fn qualified_id(&self, claim_uid: &str, device: &str) -> String {
+        format!(
+            "{}/{CDI_CLASS}={}",
+            self.vendor,
+            device_name(claim_uid, device)
+        )
     }
 
     /// The spec file of a claim: `<vendor>-<class>_<uid>.json`.
     pub fn spec_path(&self, claim_uid: &str) -> PathBuf {
         self.dir
-            .join(format!("{CDI_VENDOR}-{CDI_CLASS}_{claim_uid}.json"))
+            .join(format!("{}-{CDI_CLASS}_{claim_uid}.json", self.vendor))
     }
 
     /// Writes (atomically replaces) a claim's spec.
@@ -148,7 +151,7 @@ impl CdiWriter {
         fs::create_dir_all(&self.dir).map_err(|s| err("creating the directory of", s))?;
         let spec = Spec {
             cdi_version: minimum_version(devices),
-            kind: format!("{CDI_VENDOR}/{CDI_CLASS}"),
+            kind: format!("{}/{CDI_CLASS}", self.vendor),
             devices,
         };
         let text = serde_json::to_vec_pretty(&spec)
@@ -204,10 +207,21 @@ mod tests {
     }
 
     #[test]
-    fn ids_are_qualified_and_carry_the_claim_uid() {
+    fn ids_are_qualified_carry_the_claim_uid_and_follow_the_driver_name() {
+        let dir = tempfile::tempdir().unwrap();
         assert_eq!(
-            qualified_id("9f1c", "gpu-1-mps"),
+            CdiWriter::new(dir.path(), "gpu.tessera.dev").qualified_id("9f1c", "gpu-1-mps"),
             "k8s.gpu.tessera.dev/claim=9f1c-gpu-1-mps"
+        );
+        let other = CdiWriter::new(dir.path(), "gpu.example.com");
+        assert_eq!(
+            other.qualified_id("9f1c", "gpu-1-mps"),
+            "k8s.gpu.example.com/claim=9f1c-gpu-1-mps"
+        );
+        assert!(
+            other
+                .spec_path("9f1c")
+                .ends_with("k8s.gpu.example.com-claim_9f1c.json")
         );
     }
 
@@ -220,7 +234,7 @@ mod tests {
     #[test]
     fn write_then_remove_round_trips_and_remove_is_idempotent() {
         let dir = tempfile::tempdir().unwrap();
-        let w = CdiWriter::new(dir.path());
+        let w = CdiWriter::new(dir.path(), "gpu.tessera.dev");
         let path = w.write("7a-uid", &[mig_device("7a-uid")]).unwrap();
         let v: serde_json::Value =
             serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();

@@ -18,28 +18,16 @@
 //! one prepared claim as with a thousand. Every write is atomic (temp file, rename): a crash
 //! leaves the old or the new record, never a torn one.
 //!
-//! Every record carries the node's boot ID. What a record describes does not survive a
-//! reboot: MIG instances are gone, MPS daemons are gone and the CDI specs under
-//! `/var/run/cdi` are gone. A record from an earlier boot is therefore void; start-up
-//! recovery forgets it without touching the hardware (whatever is on the GPUs now was made
-//! by someone else since the boot).
+//! Every record carries the node's boot ID: what it describes (MIG instances, MPS daemons,
+//! CDI specs on tmpfs) does not survive a reboot, so a record of an earlier boot is void
+//! and forgotten without touching the hardware.
 //!
-//! What is fsynced follows from that. A `PrepareStarted` record is the write-ahead intent:
-//! its content is fsynced before the rename and before any hardware is touched, so the
-//! file is whole whatever happens next. A `PrepareCompleted` record is renamed into place
-//! without an fsync: it is only meaningful together with the claim's CDI spec, which lives
-//! on tmpfs; a plugin crash loses neither (the page cache survives it) and a node crash
-//! voids both. The directory is not fsynced: that would only make the newest rename
-//! survive a node crash, which voids the record anyway. The kubelet waits on each fsync,
-//! so none is spent where it protects nothing.
-//!
-//! The price: after a node crash a completed record may be torn (empty or cut short), as
-//! may anything whose content the crash caught in the page cache. Such a file is moved
-//! aside (`<uid>.json.unreadable`) and reported instead of stopping the plugin from
-//! starting. Nothing is lost by that: a torn file can only come from a node crash, which
-//! voided its record; and were it ever a record of this boot, the instance it described
-//! is unknown to the plugin from then on, so it is reported as not Tessera's and never
-//! destroyed.
+//! Only the `PrepareStarted` write-ahead record is fsynced (before any hardware is
+//! touched). A `PrepareCompleted` record means something only with its CDI spec on tmpfs:
+//! a plugin crash loses neither, a node crash voids both, so an fsync there would protect
+//! nothing while the kubelet waits. A record a node crash left torn is therefore possible;
+//! it is moved aside (`<uid>.json.unreadable`) and reported, never a reason not to start,
+//! and the instance it described is treated as not Tessera's (reported, never destroyed).
 
 use std::{
     collections::BTreeMap,

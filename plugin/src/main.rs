@@ -112,7 +112,7 @@ async fn main() -> anyhow::Result<()> {
             args.state_dir.join("claims"),
             checkpoint::read_boot_id(&args.boot_id_file),
         ),
-        cdi: CdiWriter::new(&args.cdi_dir),
+        cdi: CdiWriter::new(&args.cdi_dir, &args.driver_name),
         mps_root: args.state_dir.join("mps"),
         caps_root: args.nvidia_caps_root.clone(),
         metrics: metrics.clone(),

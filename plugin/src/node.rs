@@ -48,8 +48,7 @@ use crate::{
 pub const RESYNC: Duration = Duration::from_secs(60);
 /// The shortest time between two passes woken by prepares or unprepares.
 pub const CLAIM_PACE: Duration = Duration::from_millis(250);
-/// Taint key on devices of a GPU that reported a fault.
-pub const UNHEALTHY_TAINT: &str = "gpu.tessera.dev/unhealthy";
+pub use tessera_api::constants::UNHEALTHY_TAINT_KEY as UNHEALTHY_TAINT;
 
 /// One pass failed.
 #[derive(Debug, thiserror::Error)]
@@ -378,7 +377,15 @@ impl NodeLoop {
                         .iter()
                         .all(|s| s.spec.pool.generation == self.last_generation)
             }
-            Err(_) => true,
+            // Cannot tell: republishing would meet the same API server. Say so; the slice
+            // watch and the next resync try again.
+            Err(e) => {
+                warn!(
+                    error = &e as &dyn std::error::Error,
+                    "cannot list this node's ResourceSlices to check them"
+                );
+                true
+            }
         }
     }
 

@@ -92,7 +92,7 @@ impl Driver {
             .map(|d| self.cdi_device(&c.uid, d))
             .collect::<Result<_, _>>()?;
         for d in &mut devices {
-            d.cdi_device_ids = vec![cdi::qualified_id(&c.uid, &d.device)];
+            d.cdi_device_ids = vec![self.cdi.qualified_id(&c.uid, &d.device)];
         }
         self.cdi.write(&c.uid, &cdi_devices)?;
 

@@ -4,11 +4,9 @@
 //! deleted, and fields the API server dropped detected instead of republished forever.
 //!
 //! Slices are written with create and update (PUT with the last known resourceVersion),
-//! as the Go controller does, not with server-side apply. The plugin is their only
-//! writer, so apply's merge buys nothing, and on a slice of 26 MIG placements (18 KB) it
-//! costs the API server more than an update: in `cargo xtask bench` runs on the 2-core
-//! test machine the publish after a prepare went from p50 18–28 ms / p99 50–88 ms to
-//! 12–17 / 32–50 ms.
+//! as the Go controller does, not with server-side apply: the plugin is their only
+//! writer, so apply's merge buys nothing and costs the API server more on large slices
+//! (`cargo xtask bench` shows the publish figures).
 
 use std::collections::{BTreeMap, BTreeSet};
 
