@@ -55,21 +55,9 @@ pub struct Args {
     #[arg(long, env = "TESSERA_DRIVER_NAME", default_value = tessera_api::constants::DRIVER_NAME)]
     pub driver_name: String,
 
-    /// The kubelet's plugin registration directory (watched by the kubelet).
-    #[arg(
-        long,
-        env = "TESSERA_REGISTRY_DIR",
-        default_value = "/var/lib/kubelet/plugins_registry"
-    )]
-    pub registry_dir: PathBuf,
-
-    /// The kubelet's plugins directory; the DRA socket is `<dir>/<driver>/dra.sock`.
-    #[arg(
-        long,
-        env = "TESSERA_PLUGINS_DIR",
-        default_value = "/var/lib/kubelet/plugins"
-    )]
-    pub plugins_dir: PathBuf,
+    /// The kubelet's directories.
+    #[command(flatten)]
+    pub kubelet: crate::kubelet::KubeletArgs,
 
     /// Where per-claim CDI specs are written (read by the container runtime).
     #[arg(long, env = "TESSERA_CDI_DIR", default_value = "/var/run/cdi")]
@@ -174,8 +162,12 @@ mod tests {
         let a = Args::try_parse_from(["tessera-plugin", "--node-name", "n"]).unwrap();
         assert_eq!(a.driver_name, "gpu.tessera.dev");
         assert_eq!(
-            a.registry_dir,
+            a.kubelet.registry_dir,
             PathBuf::from("/var/lib/kubelet/plugins_registry")
+        );
+        assert_eq!(
+            a.kubelet.plugins_dir,
+            PathBuf::from("/var/lib/kubelet/plugins")
         );
         assert_eq!(a.default_strategy, DefaultStrategy::DynamicMig);
         assert!(a.claim_status_qps > 0.0 && a.claim_status_burst > 0);

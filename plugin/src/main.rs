@@ -18,8 +18,7 @@ use tessera_plugin::{
     config::{Args, BackendKind, LogFormat},
     driver::{Driver, DriverConfig, DriverHandle, NodeGpus},
     health_store::HealthStore,
-    http,
-    kubelet::{self, KubeletServerConfig},
+    http, kubelet,
     metrics::Metrics,
     node::NodeLoop,
     ratelimit::RateLimiter,
@@ -133,9 +132,7 @@ async fn main() -> anyhow::Result<()> {
     info!(%addr, "serving /metrics, /healthz, /readyz");
 
     let (health_tx, health_rx) = watch::channel(Vec::new());
-    let mut kcfg = KubeletServerConfig::new(args.driver_name.clone());
-    kcfg.registry_dir = args.registry_dir.clone();
-    kcfg.plugins_dir = args.plugins_dir.clone();
+    let kcfg = args.kubelet.clone().into_config(args.driver_name.clone());
     let server = kubelet::start(kcfg, Arc::new(DriverHandle(driver.clone())), health_rx).await?;
     info!(dra = %server.dra_socket().display(), registration = %server.registration_socket().display(), "kubelet sockets listening");
 

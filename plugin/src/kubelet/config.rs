@@ -56,28 +56,28 @@ impl KubeletServerConfig {
     }
 }
 
-/// Command-line flags for the kubelet directories, to `#[command(flatten)]` into the
-/// plugin's arguments.
+/// The kubelet directory flags, the one definition of each (`#[command(flatten)]`ed into
+/// the plugin's arguments).
 #[derive(Clone, Debug, clap::Args)]
 pub struct KubeletArgs {
-    /// Directory the kubelet watches for plugin registration sockets.
-    #[arg(long, env = "TESSERA_KUBELET_REGISTRY_DIR", default_value = DEFAULT_REGISTRY_DIR)]
-    pub kubelet_registry_dir: PathBuf,
-    /// Directory holding the plugin's `<driver>/dra.sock` and data.
-    #[arg(long, env = "TESSERA_KUBELET_PLUGINS_DIR", default_value = DEFAULT_PLUGINS_DIR)]
-    pub kubelet_plugins_dir: PathBuf,
+    /// The kubelet's plugin registration directory (watched by the kubelet).
+    #[arg(long, env = "TESSERA_REGISTRY_DIR", default_value = DEFAULT_REGISTRY_DIR)]
+    pub registry_dir: PathBuf,
+    /// The kubelet's plugins directory; the DRA socket is `<dir>/<driver>/dra.sock`.
+    #[arg(long, env = "TESSERA_PLUGINS_DIR", default_value = DEFAULT_PLUGINS_DIR)]
+    pub plugins_dir: PathBuf,
 }
 
 impl KubeletArgs {
     /// The server configuration for `driver_name` with these directories.
     pub fn into_config(self, driver_name: impl Into<String>) -> KubeletServerConfig {
         let Self {
-            kubelet_registry_dir,
-            kubelet_plugins_dir,
+            registry_dir,
+            plugins_dir,
         } = self;
         KubeletServerConfig {
-            registry_dir: kubelet_registry_dir,
-            plugins_dir: kubelet_plugins_dir,
+            registry_dir,
+            plugins_dir,
             ..KubeletServerConfig::new(driver_name)
         }
     }
