@@ -320,6 +320,26 @@ fn write_token_kubeconfig(
     })
 }
 
+/// Waits until pod `namespace/name` is Running.
+pub async fn wait_pod_running(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    timeout: Duration,
+) -> Result<k8s_openapi::api::core::v1::Pod> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), namespace);
+    wait_for(
+        &pods,
+        name,
+        |p: Option<&k8s_openapi::api::core::v1::Pod>| {
+            p.and_then(|p| p.status.as_ref()?.phase.as_deref()) == Some("Running")
+        },
+        &format!("pod {namespace}/{name} to run"),
+        timeout,
+    )
+    .await
+}
+
 /// Waits until `cond` holds for the named object.
 pub async fn wait_for<K, C>(
     api: &Api<K>,

@@ -42,6 +42,16 @@ pub async fn start_for_test_with_gates(gates: &[&str]) -> anyhow::Result<Control
     Ok(cp)
 }
 
+/// [`start_for_test`] ready for workloads: the shipped DeviceClasses applied and
+/// `namespace` created; returns the admin client too.
+pub async fn start_for_workloads(namespace: &str) -> anyhow::Result<(ControlPlane, kube::Client)> {
+    let cp = start_for_test().await?;
+    let client = cp.admin_client().await?;
+    cluster::apply_dir(&client, &repo_root().join("config/deviceclasses"), false).await?;
+    cluster::create_namespace(&client, namespace).await?;
+    Ok((cp, client))
+}
+
 /// The repository root (for tests that apply the manifests a user would).
 pub fn repo_root() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -7,24 +7,16 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::{core::v1::Pod, resource::v1::ResourceSlice};
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::{Api, Client, api::ListParams};
-use tessera_e2e::{
-    ControlPlane, cluster, plugin::SimNode, repo_root, start_for_test, wait::eventually,
-};
+use tessera_e2e::{ControlPlane, cluster, plugin::SimNode, wait::eventually};
 use tessera_gpu::backend::{GpuBackend, sim::SimBackend};
 
 const NS: &str = "hardware";
 const WAIT: Duration = Duration::from_secs(90);
 
 async fn setup() -> (ControlPlane, Client) {
-    let cp = start_for_test().await.unwrap();
-    let client = cp.admin_client().await.unwrap();
-    cluster::apply_dir(&client, &repo_root().join("config/deviceclasses"), false)
-        .await
-        .unwrap();
-    cluster::create_namespace(&client, NS).await.unwrap();
-    (cp, client)
+    tessera_e2e::start_for_workloads(NS).await.unwrap()
 }
 
 /// (device name, tainted) of every device the node publishes.
@@ -68,16 +60,9 @@ async fn mig_pod_runs(client: &Client, name: &str, profile: &str) -> String {
     cluster::create_claim_pod(client, NS, name, req)
         .await
         .unwrap();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    cluster::wait_for(
-        &pods,
-        name,
-        |p: Option<&Pod>| p.and_then(|p| p.status.as_ref()?.phase.as_deref()) == Some("Running"),
-        &format!("pod {name} to run"),
-        WAIT,
-    )
-    .await
-    .unwrap();
+    cluster::wait_pod_running(client, NS, name, WAIT)
+        .await
+        .unwrap();
     let claim = format!("{name}-gpu");
     let claims: Api<k8s_openapi::api::resource::v1::ResourceClaim> =
         Api::namespaced(client.clone(), NS);

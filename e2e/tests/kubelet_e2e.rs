@@ -13,9 +13,7 @@ use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, ListParams},
 };
-use tessera_e2e::{
-    ControlPlane, cluster, plugin::SimNode, repo_root, start_for_test, wait::eventually,
-};
+use tessera_e2e::{ControlPlane, cluster, plugin::SimNode, wait::eventually};
 use tessera_gpu::backend::sim::state::load_state;
 
 const NS: &str = "kubelet";
@@ -24,13 +22,7 @@ const WAIT: Duration = Duration::from_secs(90);
 const RESYNC: Duration = tessera_plugin::node::RESYNC;
 
 async fn setup() -> (ControlPlane, Client) {
-    let cp = start_for_test().await.unwrap();
-    let client = cp.admin_client().await.unwrap();
-    cluster::apply_dir(&client, &repo_root().join("config/deviceclasses"), false)
-        .await
-        .unwrap();
-    cluster::create_namespace(&client, NS).await.unwrap();
-    (cp, client)
+    tessera_e2e::start_for_workloads(NS).await.unwrap()
 }
 
 async fn mig_pod(client: &Client, name: &str) -> Pod {
@@ -46,16 +38,9 @@ async fn mig_pod(client: &Client, name: &str) -> Pod {
 }
 
 async fn running(client: &Client, name: &str) -> Pod {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    cluster::wait_for(
-        &pods,
-        name,
-        |p: Option<&Pod>| p.and_then(|p| p.status.as_ref()?.phase.as_deref()) == Some("Running"),
-        &format!("pod {name} to run"),
-        WAIT,
-    )
-    .await
-    .unwrap()
+    cluster::wait_pod_running(client, NS, name, WAIT)
+        .await
+        .unwrap()
 }
 
 /// UIDs of the node's slices.

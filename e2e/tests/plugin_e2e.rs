@@ -17,22 +17,14 @@ use kube::{
     runtime::wait::conditions,
 };
 use serde_json::json;
-use tessera_e2e::{
-    ControlPlane, cluster, plugin::SimNode, repo_root, start_for_test, wait::eventually,
-};
+use tessera_e2e::{ControlPlane, cluster, plugin::SimNode, start_for_test, wait::eventually};
 use tessera_gpu::backend::sim::state::{SimState, load_state};
 
 const NS: &str = "workloads";
 const WAIT: Duration = Duration::from_secs(90);
 
 async fn setup() -> (ControlPlane, Client) {
-    let cp = start_for_test().await.unwrap();
-    let client = cp.admin_client().await.unwrap();
-    cluster::apply_dir(&client, &repo_root().join("config/deviceclasses"), false)
-        .await
-        .unwrap();
-    cluster::create_namespace(&client, NS).await.unwrap();
-    (cp, client)
+    tessera_e2e::start_for_workloads(NS).await.unwrap()
 }
 
 fn from_json<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
@@ -62,16 +54,9 @@ fn profile(p: &str) -> String {
 }
 
 async fn wait_running(client: &Client, name: &str) -> Pod {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    cluster::wait_for(
-        &pods,
-        name,
-        |p: Option<&Pod>| p.and_then(|p| p.status.as_ref()?.phase.as_deref()) == Some("Running"),
-        &format!("pod {name} to run"),
-        WAIT,
-    )
-    .await
-    .unwrap()
+    cluster::wait_pod_running(client, NS, name, WAIT)
+        .await
+        .unwrap()
 }
 
 async fn claim_of(client: &Client, pod: &Pod) -> ResourceClaim {
