@@ -37,6 +37,9 @@ pub mod reasons {
     pub const FIELDS_DROPPED: &str = "ApiServerDroppedFields";
     /// Part of the GpuNode spec cannot apply to the GPU (e.g. MIG on a GPU without MIG).
     pub const CONFIG_NOT_APPLICABLE: &str = "ConfigNotApplicable";
+    /// A GPU's live MIG instances do not fit Tessera's model of its geometry; it offers no
+    /// partitions until they are gone.
+    pub const UNEXPECTED_GEOMETRY: &str = "UnexpectedMigGeometry";
     /// MIG instances Tessera did not create take part of a GPU, which is not offered.
     pub const FOREIGN_INSTANCES: &str = "ForeignMigInstances";
     /// An A100-class GPU needs a reset before a MIG mode change takes effect.

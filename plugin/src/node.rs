@@ -170,9 +170,14 @@ impl NodeLoop {
         let checkpoint = self.driver.checkpoint_snapshot().await;
         let live = self.driver.live_instances().await?;
         self.note_unreadable(&live.unreadable);
-        let occupancy = self.driver.occupancy(&live.by_gpu);
+        let (occupancy, rejected) = self.driver.occupancy(&live.by_gpu);
         let foreign = foreign_instances(&live.by_gpu, &checkpoint);
-        let blocked = self.driver.occupancy(&foreign);
+        let (mut blocked, _) = self.driver.occupancy(&foreign);
+        for gpu in rejected.keys() {
+            if let Some(full) = occupancy.get(gpu) {
+                blocked.insert(*gpu, full.clone());
+            }
+        }
         let unavailable = foreign_notes(&foreign);
         let mps_running = self.mps_running(&offers).await;
         let empty = tessera_gpu::Occupancy::default();
@@ -200,6 +205,10 @@ impl NodeLoop {
         self.slice_count = pool.slice_count();
         self.count_devices(&pool).await;
 
+        let geometry: Vec<String> = rejected.into_values().collect();
+        for g in &geometry {
+            warn!(node = %self.driver.node, "{g}");
+        }
         let mut problems = Vec::new();
         if !outcome.dropped_fields.is_empty() {
             problems.push(format!(
@@ -225,6 +234,7 @@ impl NodeLoop {
                 problems: &problems,
                 config_warnings: &warnings,
                 unavailable: &unavailable,
+                geometry: &geometry,
             },
             &previous,
         );

@@ -66,6 +66,9 @@ pub struct StatusInput<'a> {
     /// Parts of GPUs not offered because MIG instances Tessera did not create hold them
     /// (reported in `Applied`).
     pub unavailable: &'a [String],
+    /// GPUs whose live MIG instances do not fit the model of their geometry (reported in
+    /// `Ready`): they offer no partitions.
+    pub geometry: &'a [String],
 }
 
 /// Computes the status (pure).
@@ -164,6 +167,15 @@ pub fn compute(input: &StatusInput<'_>, previous: &[Condition]) -> GpuNodeStatus
             false,
             reasons::FIELDS_DROPPED,
             &input.problems.join("; "),
+            input.observed_generation,
+            previous,
+        )
+    } else if !input.geometry.is_empty() {
+        condition(
+            types::READY,
+            false,
+            reasons::UNEXPECTED_GEOMETRY,
+            &input.geometry.join("; "),
             input.observed_generation,
             previous,
         )

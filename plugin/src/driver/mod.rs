@@ -323,35 +323,75 @@ impl Driver {
         Ok(live)
     }
 
-    /// Occupancy of each MIG-capable GPU from its live instances.
-    pub fn occupancy(&self, live: &BTreeMap<u32, Vec<MigInstance>>) -> BTreeMap<u32, Occupancy> {
-        self.hw
-            .layouts
-            .iter()
-            .map(|(g, layout)| {
-                let placements: Vec<Placement> = live
-                    .get(g)
-                    .map(|v| {
-                        v.iter()
-                            .map(|i| Placement {
-                                profile_id: i.profile_id,
-                                start: i.start,
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                (
-                    *g,
-                    Occupancy::from_placements(layout, &placements).unwrap_or_default(),
-                )
-            })
-            .collect()
+    /// Occupancy of each MIG-capable GPU from its live instances. A GPU whose instances do
+    /// not fit the model of its geometry (the catalogue describes its driver or GPU
+    /// wrongly) comes back full, with the reason in the second map: offering its
+    /// placements would let the scheduler allocate what prepare cannot make.
+    pub fn occupancy(
+        &self,
+        live: &BTreeMap<u32, Vec<MigInstance>>,
+    ) -> (BTreeMap<u32, Occupancy>, BTreeMap<u32, String>) {
+        occupancy_of(&self.hw.layouts, live)
     }
 
     /// A snapshot of the checkpoint.
     pub async fn checkpoint_snapshot(&self) -> Checkpoint {
         self.checkpoint.lock().await.clone()
     }
+}
+
+/// [`Driver::occupancy`] for the GPUs of `layouts`.
+pub fn occupancy_of(
+    layouts: &BTreeMap<u32, MigLayout>,
+    live: &BTreeMap<u32, Vec<MigInstance>>,
+) -> (BTreeMap<u32, Occupancy>, BTreeMap<u32, String>) {
+    let mut occupancy = BTreeMap::new();
+    let mut rejected = BTreeMap::new();
+    for (g, layout) in layouts {
+        let instances = live.get(g).map(Vec::as_slice).unwrap_or_default();
+        let placements: Vec<Placement> = instances
+            .iter()
+            .map(|i| Placement {
+                profile_id: i.profile_id,
+                start: i.start,
+            })
+            .collect();
+        match Occupancy::from_placements(layout, &placements) {
+            Ok(occ) => {
+                occupancy.insert(*g, occ);
+            }
+            Err(e) => {
+                let list: Vec<String> = instances
+                    .iter()
+                    .map(|i| format!("{} at {}", i.profile_name, i.start))
+                    .collect();
+                rejected.insert(
+                        *g,
+                        format!(
+                            "GPU {g}: its MIG instances ({}) do not fit Tessera's model of its geometry ({e}); it offers no partitions until they are gone",
+                            list.join(", ")
+                        ),
+                    );
+                occupancy.insert(*g, full(layout));
+            }
+        }
+    }
+    (occupancy, rejected)
+}
+/// An occupancy that leaves no placement free: the largest profile at its first start.
+fn full(layout: &MigLayout) -> Occupancy {
+    let mut occ = Occupancy::new();
+    if let Some(p) = occ.largest_placeable(layout)
+        && let Some(start) = p.starts.iter().next()
+    {
+        let whole = Placement {
+            profile_id: p.profile_id,
+            start,
+        };
+        // Placing the largest profile on an empty GPU cannot fail.
+        let _ = occ.place(layout, whole, u32::MAX);
+    }
+    occ
 }
 
 /// Runs blocking work (an NVML call, an fsync) without stalling the runtime. On the
@@ -442,3 +482,6 @@ impl Drop for ClaimGuard<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -145,6 +145,7 @@ struct Fixture {
     config_warnings: Vec<String>,
     mps_running: BTreeMap<u32, bool>,
     unavailable: Vec<String>,
+    geometry: Vec<String>,
 }
 
 impl Fixture {
@@ -159,6 +160,7 @@ impl Fixture {
             config_warnings: vec![],
             mps_running: BTreeMap::new(),
             unavailable: vec![],
+            geometry: vec![],
         }
     }
 
@@ -175,6 +177,7 @@ impl Fixture {
                 problems: &self.problems,
                 config_warnings: &self.config_warnings,
                 unavailable: &self.unavailable,
+                geometry: &self.geometry,
             },
             previous,
         )
@@ -474,4 +477,17 @@ fn foreign_instances_that_cut_an_offer_show_in_applied() {
         applied.message
     );
     assert_eq!(ready(&s).status, "True", "the rest of the node serves");
+}
+
+#[test]
+fn instances_that_do_not_fit_the_geometry_make_the_node_not_ready_with_the_reason() {
+    let mut f = Fixture::new();
+    f.geometry = vec!["GPU 1: its MIG instances (3g.40gb at 2) do not fit".into()];
+    let s = f.compute(&[]);
+    let r = ready(&s);
+    assert_eq!(
+        (r.status.as_str(), r.reason.as_str()),
+        ("False", reasons::UNEXPECTED_GEOMETRY)
+    );
+    assert!(r.message.contains("3g.40gb at 2"), "{}", r.message);
 }
