@@ -40,12 +40,18 @@ fn instances_the_geometry_rejects_leave_the_gpu_full_and_say_why() {
     let layouts = BTreeMap::from([(0, layout.clone())]);
     let live = BTreeMap::from([(
         0,
-        vec![instance(&layout, "3g.40gb", 0), instance(&layout, "1g.10gb", 2)],
+        vec![
+            instance(&layout, "3g.40gb", 0),
+            instance(&layout, "1g.10gb", 2),
+        ],
     )]);
 
     let (occ, rejected) = occupancy_of(&layouts, &live);
 
-    assert!(occ[&0].feasible_placements(&layout).is_empty(), "nothing is free");
+    assert!(
+        occ[&0].feasible_placements(&layout).is_empty(),
+        "nothing is free"
+    );
     let why = &rejected[&0];
     assert!(why.contains("3g.40gb at 0, 1g.10gb at 2"), "{why}");
     assert!(why.contains("offers no partitions"), "{why}");

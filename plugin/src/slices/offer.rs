@@ -108,15 +108,32 @@ fn from_config(
                 }
             }
             if mig.mode == MigMode::Static {
-                let placements = mig
-                    .instances
-                    .iter()
-                    .filter_map(|i| {
-                        let p = layout.profile_by_name(i.profile.as_str())?;
-                        let start = u8::try_from(i.start).ok()?;
-                        p.starts.contains(start).then_some((p.profile_id, start))
-                    })
-                    .collect();
+                let mut placements = Vec::new();
+                for i in &mig.instances {
+                    let Some(p) = layout.profile_by_name(i.profile.as_str()) else {
+                        warnings.push(format!(
+                            "GPU {} ({}): the static layout's {} at {} is left out: the GPU has no such MIG profile",
+                            gpu.index, gpu.product_name, i.profile, i.start
+                        ));
+                        continue;
+                    };
+                    match u8::try_from(i.start).ok().filter(|s| p.starts.contains(*s)) {
+                        Some(start) => placements.push((p.profile_id, start)),
+                        None => warnings.push(format!(
+                            "GPU {} ({}): the static layout's {} at {} is left out: {} starts only at {}",
+                            gpu.index,
+                            gpu.product_name,
+                            i.profile,
+                            i.start,
+                            i.profile,
+                            p.starts
+                                .iter()
+                                .map(|s| s.to_string())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )),
+                    }
+                }
                 return GpuOffer::StaticMig { placements };
             }
             if !mig.allowed_profiles.is_empty() && ids.is_empty() {

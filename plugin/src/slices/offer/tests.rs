@@ -281,7 +281,7 @@ fn exclusive_and_adaptive_entries_offer_the_whole_gpu() {
 }
 
 #[test]
-fn static_mode_instances_become_placements_and_invalid_ones_are_dropped() {
+fn static_mode_instances_become_placements_and_invalid_ones_are_dropped_with_a_warning() {
     let s = spec(json!([{
         "index": 0,
         "strategy": "MIG",
@@ -300,11 +300,15 @@ fn static_mode_instances_become_placements_and_invalid_ones_are_dropped() {
             ]
         }
     }]));
-    let (offers, _) = resolve(Some(&s));
+    let (offers, warnings) = resolve(Some(&s));
     assert_eq!(
         offers[0],
         GpuOffer::StaticMig {
             placements: vec![(9, 4), (14, 2), (19, 1)]
         }
     );
+    assert_eq!(warnings.len(), 3, "{warnings:?}");
+    assert!(warnings[0].contains("3g.40gb at 2") && warnings[0].contains("starts only at 0, 4"));
+    assert!(warnings[1].contains("1g.18gb at 0") && warnings[1].contains("no such MIG profile"));
+    assert!(warnings[2].contains("1g.10gb at 300"));
 }
