@@ -1,0 +1,152 @@
+//! Crashes and reboots: the checkpoint, start-up recovery and the kubelet preparing again.
+
+use super::*;
+
+#[tokio::test]
+async fn a_plugin_killed_between_the_checkpoint_phases_recovers_and_nothing_leaks() {
+    let (cp, client) = setup().await;
+    let mut node = SimNode::start(
+        &cp,
+        "crashy",
+        "gpus: [{model: h100-80gb}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    // The plugin dies right after the MIG instance exists, before it records it.
+    std::fs::write(
+        node.faults_path(),
+        r#"{"abortAfter":[{"operation":"create-compute-instance"}]}"#,
+    )
+    .unwrap();
+    create_pod(
+        &client,
+        "victim",
+        "mig.tessera.dev",
+        Some(&profile("3g.40gb")),
+        None,
+    )
+    .await;
+    eventually("the plugin to abort", WAIT, || {
+        let running = node.plugin_running();
+        async move { (!running).then_some(()) }
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        sim(&node).gpus[0].instances.len(),
+        1,
+        "the instance outlived the plugin, as on hardware"
+    );
+    node.restart().await.unwrap();
+    // The kubelet's retry succeeds on the recovered plugin.
+    let pod = wait_running(&client, "victim").await;
+    let state = sim(&node);
+    assert_eq!(
+        state.gpus[0].instances.len(),
+        1,
+        "no leaked instance: {:?}",
+        state.gpus[0].instances
+    );
+    let (_, device) = allocated(&claim_of(&client, &pod).await);
+    assert!(device.starts_with("gpu-0-mig-3g-40gb-"));
+
+    // A plain restart keeps the prepared claim; unprepare still works afterwards.
+    node.restart().await.unwrap();
+    assert_eq!(
+        sim(&node).gpus[0].instances.len(),
+        1,
+        "a restart never destroys a prepared claim's instance"
+    );
+    delete_pod(&client, "victim").await;
+    assert!(sim(&node).gpus[0].instances.is_empty());
+}
+
+#[tokio::test]
+async fn after_a_node_reboot_stale_records_are_forgotten_and_claims_are_prepared_afresh() {
+    let (cp, client) = setup().await;
+    let mut node = SimNode::start(
+        &cp,
+        "rebooty",
+        "gpus: [{model: h100-80gb}, {model: l4}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    create_pod(
+        &client,
+        "mig",
+        "mig.tessera.dev",
+        Some(&profile("3g.40gb")),
+        None,
+    )
+    .await;
+    create_pod(
+        &client,
+        "whole",
+        "gpu.tessera.dev",
+        Some("device.attributes['gpu.tessera.dev'].productName == 'NVIDIA L4'"),
+        None,
+    )
+    .await;
+    let mut pods = Vec::new();
+    for pod in ["mig", "whole"] {
+        pods.push(wait_running(&client, pod).await);
+    }
+    let before = sim(&node).gpus[0].instances.clone();
+    assert_eq!(before.len(), 1);
+    let cdi_dir = node.cdi_dir();
+    let spec_count = || std::fs::read_dir(&cdi_dir).unwrap().count();
+    assert_eq!(spec_count(), 2, "one CDI spec per prepared claim");
+    let handed: Vec<_> = pods
+        .iter()
+        .map(|p| node.kubelet.cdi_device_sets(&p.uid().unwrap()))
+        .collect();
+
+    node.reboot(&cp).await.unwrap();
+
+    // The records described hardware and CDI specs the reboot wiped: recovery voids them.
+    assert!(
+        node.log_tail(400).contains("the node rebooted"),
+        "recovery says what it did:\n{}",
+        node.log_tail(40)
+    );
+    // The restarted kubelet prepares the pods' claims again (its checkpoint survives the
+    // reboot, but it re-prepares every claim after a restart); the plugin makes everything
+    // anew instead of answering with devices that no longer exist.
+    let after = eventually("the MIG instance to be made again", WAIT, || async {
+        let inst = sim(&node).gpus[0].instances.clone();
+        (inst.len() == 1 && spec_count() == 2).then_some(inst)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        after[0].start, before[0].start,
+        "made again at the allocated placement"
+    );
+    assert_ne!(
+        after[0].compute_instances[0].uuid, before[0].compute_instances[0].uuid,
+        "a new instance, not a stale answer"
+    );
+    // The pods' containers were created again with the same CDI ids.
+    for (pod, ids) in pods.iter().zip(&handed) {
+        let uid = pod.uid().unwrap();
+        let what = format!("{} to be recreated after the reboot", pod.name_any());
+        eventually(&what, WAIT, || async {
+            let created = node
+                .kubelet
+                .containers()
+                .iter()
+                .filter(|r| r.pod_uid == uid)
+                .count();
+            (created >= 2).then_some(())
+        })
+        .await
+        .unwrap();
+        assert_eq!(&node.kubelet.cdi_device_sets(&uid), ids);
+    }
+
+    for pod in ["mig", "whole"] {
+        delete_pod(&client, pod).await;
+    }
+    assert!(sim(&node).gpus[0].instances.is_empty());
+    assert_eq!(spec_count(), 0);
+}

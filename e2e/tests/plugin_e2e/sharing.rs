@@ -1,0 +1,371 @@
+//! Allocation and sharing: MIG, MPS and whole GPUs on the real scheduler, packing, limits, and the demo's shipped workloads.
+
+use super::*;
+
+#[tokio::test]
+async fn mig_mps_and_whole_gpu_pods_run_and_deleting_them_destroys_what_was_made() {
+    let (cp, client) = setup().await;
+    let h100 = SimNode::start(
+        &cp,
+        "h100-node",
+        "gpus: [{model: h100-80gb}, {model: h100-80gb}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    let l4 = SimNode::start(
+        &cp,
+        "l4-node",
+        "gpus: [{model: l4}, {model: l4}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+
+    // GPU 1 of the L4 node is shared with MPS.
+    operator_sets_gpus(
+        &client,
+        "l4-node",
+        json!([{"index": 1, "strategy": "MPS", "mps": {"maxClients": 4}}]),
+    )
+    .await;
+
+    create_pod(
+        &client,
+        "mig-1g",
+        "mig.tessera.dev",
+        Some(&profile("1g.10gb")),
+        None,
+    )
+    .await;
+    create_pod(
+        &client,
+        "mig-3g",
+        "mig.tessera.dev",
+        Some(&profile("3g.40gb")),
+        None,
+    )
+    .await;
+    create_pod(
+        &client,
+        "mig-7g",
+        "mig.tessera.dev",
+        Some(&profile("7g.80gb")),
+        None,
+    )
+    .await;
+    create_pod(
+        &client,
+        "mps",
+        "mps.tessera.dev",
+        None,
+        Some(json!({"computePercent": "25", "memory": "4Gi"})),
+    )
+    .await;
+    create_pod(
+        &client,
+        "whole",
+        "gpu.tessera.dev",
+        Some("device.attributes['gpu.tessera.dev'].productName == 'NVIDIA L4'"),
+        None,
+    )
+    .await;
+
+    let mut made = BTreeMap::new();
+    for name in ["mig-1g", "mig-3g", "mig-7g"] {
+        let pod = wait_running(&client, name).await;
+        let claim = claim_of(&client, &pod).await;
+        let (pool, device) = allocated(&claim);
+        assert_eq!(pool, "h100-node");
+        let parsed = tessera_gpu::naming::parse_device_name(&device).unwrap();
+        let tessera_gpu::naming::DeviceName::Mig { gpu, start, .. } = parsed else {
+            panic!("{device} is not MIG")
+        };
+        // The hardware holds an instance at exactly the allocated placement.
+        let state = sim(&h100);
+        let inst = state.gpus[gpu as usize]
+            .instances
+            .iter()
+            .find(|i| i.start == start)
+            .unwrap_or_else(|| {
+                panic!(
+                    "no instance at GPU {gpu} start {start} for {device}: {:?}",
+                    state.gpus[gpu as usize].instances
+                )
+            });
+        let mig_uuid = inst.compute_instances[0].uuid.clone();
+        // The CDI spec and the claim status say what was made.
+        let uid = claim.uid().unwrap();
+        let spec = std::fs::read_to_string(
+            h100.cdi_dir()
+                .join(format!("k8s.gpu.tessera.dev-claim_{uid}.json")),
+        )
+        .unwrap();
+        assert!(
+            spec.contains(&format!("NVIDIA_VISIBLE_DEVICES={mig_uuid}")),
+            "{spec}"
+        );
+        // The GPU and compute instance capability nodes, from the driver's files.
+        let (gi, ci) = (inst.id, inst.compute_instances[0].id);
+        for cap in [
+            tessera_gpu::backend::sim::caps::minor(gpu, gi, None),
+            tessera_gpu::backend::sim::caps::minor(gpu, gi, Some(ci)),
+        ] {
+            assert!(
+                spec.contains(&format!("/dev/nvidia-caps/nvidia-cap{cap}")),
+                "{spec}"
+            );
+        }
+        // What the kubelet handed the container runtime is what the plugin returned.
+        assert_eq!(
+            h100.kubelet.cdi_devices(&pod.uid().unwrap())["main"],
+            vec![format!("k8s.gpu.tessera.dev/claim={uid}-{device}")]
+        );
+        let status = cluster::wait_for(
+            &Api::<ResourceClaim>::namespaced(client.clone(), NS),
+            &claim.name_any(),
+            |c: Option<&ResourceClaim>| {
+                c.and_then(|c| c.status.as_ref()?.devices.as_ref())
+                    .is_some_and(|d| !d.is_empty())
+            },
+            "status.devices",
+            WAIT,
+        )
+        .await
+        .unwrap();
+        let dev = &status.status.unwrap().devices.unwrap()[0];
+        assert_eq!(dev.device, device);
+        assert_eq!(dev.data.as_ref().unwrap().0["uuid"], mig_uuid);
+        made.insert(name, (gpu, start));
+    }
+    // 1g and 3g share a GPU (packing); the 7g needs a whole one.
+    assert_eq!(made["mig-1g"].0, made["mig-3g"].0, "{made:?}");
+    assert_ne!(made["mig-7g"].0, made["mig-3g"].0, "{made:?}");
+
+    let mps = wait_running(&client, "mps").await;
+    let claim = claim_of(&client, &mps).await;
+    assert_eq!(
+        allocated(&claim),
+        ("l4-node".to_string(), "gpu-1-mps".to_string())
+    );
+    let spec = std::fs::read_to_string(l4.cdi_dir().join(format!(
+        "k8s.gpu.tessera.dev-claim_{}.json",
+        claim.uid().unwrap()
+    )))
+    .unwrap();
+    assert!(
+        spec.contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25"),
+        "{spec}"
+    );
+    assert!(
+        spec.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M"),
+        "{spec}"
+    );
+    assert!(sim(&l4).gpus[1].mps.is_some(), "the MPS daemon runs");
+
+    let whole = wait_running(&client, "whole").await;
+    let claim = claim_of(&client, &whole).await;
+    assert_eq!(
+        allocated(&claim),
+        ("l4-node".to_string(), "gpu-0".to_string())
+    );
+
+    for name in ["mig-1g", "mig-3g", "mig-7g", "mps", "whole"] {
+        delete_pod(&client, name).await;
+    }
+    let state = sim(&h100);
+    assert!(
+        state.gpus.iter().all(|g| g.instances.is_empty()),
+        "instances left: {:?}",
+        state.gpus
+    );
+    assert!(
+        sim(&l4).gpus[1].mps.is_none(),
+        "the MPS daemon stops with its last client"
+    );
+    assert_eq!(
+        std::fs::read_dir(h100.cdi_dir()).unwrap().count(),
+        0,
+        "CDI specs removed"
+    );
+    // The prepares switched GPU 0 (MIG off at start) into MIG mode, and the mode stays
+    // after its instances are gone: the status follows the hardware, not the start-up.
+    assert!(state.gpus[0].mig_enabled);
+    let gpunodes: Api<tessera_api::GpuNode> = Api::all(client.clone());
+    cluster::wait_for(
+        &gpunodes,
+        "h100-node",
+        |g: Option<&tessera_api::GpuNode>| {
+            g.and_then(|g| g.status.as_ref()).is_some_and(|s| {
+                s.gpus
+                    .first()
+                    .is_some_and(|g| g.mig_enabled && g.instances.is_empty())
+            })
+        },
+        "GpuNode status to show GPU 0 in MIG mode with no instances",
+        WAIT,
+    )
+    .await
+    .unwrap();
+    // Republished to match the freed hardware: GPU 0 is offered first again, with its
+    // placements in the order of an empty GPU (the order follows occupancy).
+    let layout = tessera_gpu::find_model("h100-80gb")
+        .unwrap()
+        .mig
+        .clone()
+        .unwrap();
+    let mut expected: Vec<String> =
+        tessera_gpu::order::publishing_order(&layout, &tessera_gpu::Occupancy::new())
+            .into_iter()
+            .map(|p| {
+                let profile = layout.profile(p.profile_id).unwrap();
+                tessera_gpu::naming::mig_device_name(0, &profile.name, p.start).unwrap()
+            })
+            .collect();
+    expected.push("gpu-0".into());
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    eventually(
+        "the slices to be republished for the freed GPUs",
+        WAIT,
+        || async {
+            let first = slices.get("h100-node-gpu.tessera.dev-00").await.ok()?;
+            let names: Vec<String> = first
+                .spec
+                .devices
+                .unwrap_or_default()
+                .into_iter()
+                .map(|d| d.name)
+                .collect();
+            (names == expected).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_full_gpu_keeps_the_next_pod_pending_until_another_is_deleted() {
+    let (cp, client) = setup().await;
+    let _node = SimNode::start(
+        &cp,
+        "one-gpu",
+        "gpus: [{model: h100-80gb}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    create_pod(
+        &client,
+        "big",
+        "mig.tessera.dev",
+        Some(&profile("7g.80gb")),
+        None,
+    )
+    .await;
+    wait_running(&client, "big").await;
+    create_pod(
+        &client,
+        "next",
+        "mig.tessera.dev",
+        Some(&profile("4g.40gb")),
+        None,
+    )
+    .await;
+    wait_unschedulable(&client, "next").await;
+    delete_pod(&client, "big").await;
+    let next = wait_running(&client, "next").await;
+    let (_, device) = allocated(&claim_of(&client, &next).await);
+    assert_eq!(device, "gpu-0-mig-4g-40gb-0");
+}
+
+#[tokio::test]
+async fn an_mps_gpu_takes_no_more_claims_than_its_max_clients() {
+    let (cp, client) = setup().await;
+    let _node = SimNode::start(&cp, "mps-node", "gpus: [{model: l4}]\nlatencies: zero\n")
+        .await
+        .unwrap();
+    operator_sets_gpus(
+        &client,
+        "mps-node",
+        json!([{"index": 0, "strategy": "MPS", "mps": {"maxClients": 2}}]),
+    )
+    .await;
+    let gpunodes: Api<tessera_api::GpuNode> = Api::all(client.clone());
+    // Small shares: compute and memory would fit ten of them; the client slots fit two.
+    let share = || Some(json!({"computePercent": "10", "memory": "1Gi"}));
+    for name in ["first", "second"] {
+        create_pod(&client, name, "mps.tessera.dev", None, share()).await;
+        wait_running(&client, name).await;
+    }
+    create_pod(&client, "third", "mps.tessera.dev", None, share()).await;
+    wait_unschedulable(&client, "third").await;
+    let clients = |want: &'static [&'static str]| {
+        move |g: Option<&tessera_api::GpuNode>| {
+            let mut names: Vec<String> = g
+                .and_then(|g| g.status.as_ref())
+                .and_then(|s| s.gpus.first())
+                .and_then(|gpu| gpu.mps.as_ref())
+                .map(|m| m.clients.iter().map(|c| c.claim.name.clone()).collect())
+                .unwrap_or_default();
+            names.sort();
+            names.len() == want.len() && names.iter().zip(want).all(|(n, w)| n.starts_with(w))
+        }
+    };
+    // Generated claims are named <pod>-<request>-<suffix>.
+    cluster::wait_for(
+        &gpunodes,
+        "mps-node",
+        clients(&["first-", "second-"]),
+        "two MPS clients in the status",
+        WAIT,
+    )
+    .await
+    .unwrap();
+
+    delete_pod(&client, "first").await;
+    wait_running(&client, "third").await;
+    cluster::wait_for(
+        &gpunodes,
+        "mps-node",
+        clients(&["second-", "third-"]),
+        "the third pod's share in the status",
+        WAIT,
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn the_demo_workloads_run_as_shipped_on_the_demo_nodes() {
+    let cp = start_for_test().await.unwrap();
+    let demo = tessera_e2e::demo::DemoCluster::start(&cp, &mut |_| {})
+        .await
+        .unwrap();
+    let pods = demo.run_workloads(&cp, WAIT).await.unwrap();
+    assert_eq!(pods.len(), 4, "every pod in config/workloads runs");
+    let client = cp.admin_client().await.unwrap();
+    let claims: Api<ResourceClaim> = Api::namespaced(client, "default");
+    let mut devices: Vec<(String, String)> = Vec::new();
+    for c in claims.list(&ListParams::default()).await.unwrap() {
+        devices.push(allocated(&c));
+    }
+    devices.sort();
+    // The MPS share lands on the L4 the GpuNode spec shares; the MIG partitions on MIG GPUs.
+    assert!(
+        devices.contains(&("gpu-l4".into(), "gpu-0-mps".into())),
+        "{devices:?}"
+    );
+    assert_eq!(
+        devices
+            .iter()
+            .filter(|(_, d)| d.contains("-mig-1g-"))
+            .count(),
+        1,
+        "{devices:?}"
+    );
+    assert_eq!(
+        devices
+            .iter()
+            .filter(|(_, d)| d.contains("-mig-3g-"))
+            .count(),
+        1,
+        "{devices:?}"
+    );
+}
