@@ -112,7 +112,6 @@ pub struct Rewriter {
     preface_left: usize,
     decoder: loona_hpack::Decoder<'static>,
     open: Option<OpenBlock>,
-    rewritten: u64,
 }
 
 impl Default for Rewriter {
@@ -128,13 +127,7 @@ impl Rewriter {
             preface_left: PREFACE_LEN,
             decoder: loona_hpack::Decoder::new(),
             open: None,
-            rewritten: 0,
         }
-    }
-
-    /// How many `:authority` values were replaced so far.
-    pub fn rewritten(&self) -> u64 {
-        self.rewritten
     }
 
     /// Moves every complete unit (preface bytes, whole frames) from `input` to `output`,
@@ -253,7 +246,6 @@ impl Rewriter {
             })
             .map_err(RewriteError::Hpack)?;
         if replaced {
-            self.rewritten += 1;
             tracing::debug!(
                 stream = block.stream,
                 "replaced an :authority h2 would refuse"
