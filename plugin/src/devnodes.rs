@@ -11,14 +11,34 @@ use std::path::{Path, PathBuf};
 /// Where the driver publishes MIG capabilities.
 pub const DEFAULT_CAPS_ROOT: &str = "/proc/driver/nvidia/capabilities";
 
+/// A capability file that could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// It could not be read (the driver is not loaded, or the instance is gone).
+    #[error("reading {}", .path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// It has no `DeviceFileMinor` line.
+    #[error("{} has no DeviceFileMinor line", .path.display())]
+    NoMinor {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
 /// Device nodes of a whole GPU.
 pub fn gpu_nodes(minor: u32) -> Vec<String> {
     vec![format!("/dev/nvidia{minor}"), "/dev/nvidiactl".to_string()]
 }
 
 /// Device nodes of a MIG device, or an error naming the capability file that could not be
-/// read (the driver is not loaded, or the instance is gone).
-pub fn mig_nodes(caps_root: &Path, minor: u32, gi: u32, ci: u32) -> Result<Vec<String>, String> {
+/// used.
+pub fn mig_nodes(caps_root: &Path, minor: u32, gi: u32, ci: u32) -> Result<Vec<String>, Error> {
     let gi_dir = caps_root.join(format!("gpu{minor}/mig/gi{gi}"));
     let gi_cap = read_minor(&gi_dir.join("access"))?;
     let ci_cap = read_minor(&gi_dir.join(format!("ci{ci}/access")))?;
@@ -29,15 +49,19 @@ pub fn mig_nodes(caps_root: &Path, minor: u32, gi: u32, ci: u32) -> Result<Vec<S
 }
 
 /// Reads `DeviceFileMinor: <n>` from a capability `access` file.
-fn read_minor(path: &PathBuf) -> Result<u32, String> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+fn read_minor(path: &Path) -> Result<u32, Error> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
     text.lines()
         .find_map(|l| {
             l.strip_prefix("DeviceFileMinor:")
                 .and_then(|v| v.trim().parse().ok())
         })
-        .ok_or_else(|| format!("{} has no DeviceFileMinor line", path.display()))
+        .ok_or_else(|| Error::NoMinor {
+            path: path.to_path_buf(),
+        })
 }
 
 #[cfg(test)]
@@ -78,7 +102,10 @@ mod tests {
     fn a_missing_capability_file_is_an_error_naming_it() {
         let dir = tempfile::tempdir().unwrap();
         let err = mig_nodes(dir.path(), 0, 1, 0).unwrap_err();
-        assert!(err.contains("gpu0/mig/gi1/access"), "{err}");
+        assert!(
+            matches!(&err, Error::Read { path, .. } if path.ends_with("gpu0/mig/gi1/access")),
+            "{err:?}"
+        );
     }
 
     #[test]
@@ -87,10 +114,9 @@ mod tests {
         let gi_dir = dir.path().join("gpu0/mig/gi1/ci0");
         std::fs::create_dir_all(&gi_dir).unwrap();
         std::fs::write(dir.path().join("gpu0/mig/gi1/access"), "garbage\n").unwrap();
-        assert!(
-            mig_nodes(dir.path(), 0, 1, 0)
-                .unwrap_err()
-                .contains("DeviceFileMinor")
-        );
+        assert!(matches!(
+            mig_nodes(dir.path(), 0, 1, 0),
+            Err(Error::NoMinor { .. })
+        ));
     }
 }

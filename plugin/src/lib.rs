@@ -8,7 +8,10 @@
 //!   two-phase [`checkpoint`], with per-claim [`cdi`] specs.
 //! - [`status`]: `GpuNode.status`; [`metrics`]: Prometheus metrics; [`node`]: the loop that
 //!   keeps slices and status in step with the hardware and the operator's spec.
+//! - [`state`]: what the driver and the node loop share (the GPUs, read access to the
+//!   hardware and the prepared claims); [`app`]: the wiring [`run`] starts.
 
+pub mod app;
 pub mod cdi;
 pub mod checkpoint;
 pub mod config;
@@ -22,7 +25,10 @@ pub mod node;
 pub mod quantity;
 pub mod ratelimit;
 pub mod slices;
+pub mod state;
 pub mod status;
+
+pub use app::{Error as RunError, run};
 
 /// An error with its whole source chain (`a: b: c`), for logs and per-claim messages:
 /// `Display` of a wrapping error shows only the outermost layer.

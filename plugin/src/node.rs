@@ -37,10 +37,11 @@ use tracing::{info, warn};
 use crate::{
     checkpoint::Checkpoint,
     config::DefaultStrategy,
-    driver::Driver,
     health_store::HealthStore,
     kubelet::{DeviceHealthEntry, DeviceHealthStatus, RegistrationState},
+    metrics::Metrics,
     slices::{self, DesiredPool, GpuView, publish::Publisher},
+    state::{NodeState, TaskFailed},
     status::{self, GpuHealthState, StatusInput, StatusWriter},
 };
 
@@ -55,18 +56,19 @@ pub use tessera_api::constants::UNHEALTHY_TAINT_KEY as UNHEALTHY_TAINT;
 pub enum Error {
     /// Reading hardware failed.
     #[error(transparent)]
-    Driver(#[from] crate::driver::ClaimError),
+    Hardware(#[from] TaskFailed),
     /// Publishing failed.
     #[error(transparent)]
     Publish(#[from] slices::publish::Error),
     /// Reading or writing the GpuNode failed.
-    #[error("GpuNode: {0}")]
+    #[error("reading or writing this node's GpuNode")]
     GpuNode(#[source] kube::Error),
 }
 
 /// The loop's state.
 pub struct NodeLoop {
-    driver: Arc<Driver>,
+    state: Arc<NodeState>,
+    metrics: Arc<Metrics>,
     publisher: Publisher,
     status: StatusWriter,
     slices_api: Api<ResourceSlice>,
@@ -84,19 +86,41 @@ pub struct NodeLoop {
     gpunode: Option<GpuNode>,
 }
 
+/// Everything a [`NodeLoop`] needs.
+pub struct NodeLoopConfig {
+    /// API client (the plugin's ServiceAccount).
+    pub client: Client,
+    /// The node, its GPUs and prepared claims.
+    pub state: Arc<NodeState>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// The Node's UID (owner of the slices and the GpuNode).
+    pub node_uid: String,
+    /// What a GPU the spec does not mention offers.
+    pub default_strategy: DefaultStrategy,
+    /// Where GPU faults outlive the process.
+    pub health_store: HealthStore,
+    /// The device health stream to the kubelet.
+    pub health_tx: watch::Sender<Vec<DeviceHealthEntry>>,
+    /// `/readyz`.
+    pub ready_tx: watch::Sender<Result<(), String>>,
+}
+
 impl NodeLoop {
-    /// A loop for the driver's node.
-    pub fn new(
-        client: Client,
-        driver: Arc<Driver>,
-        node_uid: &str,
-        default_strategy: DefaultStrategy,
-        health_store: HealthStore,
-        health_tx: watch::Sender<Vec<DeviceHealthEntry>>,
-        ready_tx: watch::Sender<Result<(), String>>,
-    ) -> Self {
+    /// A loop for the node of `cfg.state`.
+    pub fn new(cfg: NodeLoopConfig) -> Self {
+        let NodeLoopConfig {
+            client,
+            state,
+            metrics,
+            node_uid,
+            default_strategy,
+            health_store,
+            health_tx,
+            ready_tx,
+        } = cfg;
         // Faults seen before a restart still hold (see `health_store`).
-        let health = health_store.load(&driver.hw.gpus).unwrap_or_else(|e| {
+        let health = health_store.load(&state.gpus().gpus).unwrap_or_else(|e| {
             warn!(
                 error = &e as &dyn std::error::Error,
                 "cannot read the recorded GPU faults; starting from healthy"
@@ -111,10 +135,11 @@ impl NodeLoop {
             );
         }
         Self {
-            publisher: Publisher::new(client.clone(), &driver.node, node_uid, &driver.driver_name),
-            status: StatusWriter::new(client.clone(), &driver.node, node_uid),
+            publisher: Publisher::new(client.clone(), state.node(), &node_uid, state.driver_name()),
+            status: StatusWriter::new(client.clone(), state.node(), &node_uid),
             slices_api: Api::all(client),
-            driver,
+            state,
+            metrics,
             default_strategy,
             health,
             health_store,
@@ -139,20 +164,8 @@ impl NodeLoop {
                 g
             }
         };
-        // The GPUs' identity is fixed, their MIG mode is not: a prepare switches an idle
-        // Hopper GPU, an admin resets an A100. Read it each pass, so offers and status
-        // follow the hardware rather than the start-up snapshot.
-        // A GPU that fell off the bus can make the listing fail: then the snapshot serves
-        // (the health taints say the rest).
-        let gpus = match self.driver.hw(|b| b.gpus()).await {
-            Ok(g) if g.len() == self.driver.hw.gpus.len() => g,
-            Ok(_) | Err(_) => self.driver.hw.gpus.clone(),
-        };
-        let hw = &crate::driver::NodeGpus {
-            gpus,
-            layouts: self.driver.hw.layouts.clone(),
-            unreadable: self.driver.hw.unreadable.clone(),
-        };
+        // Offers and status follow the hardware's MIG mode now, not the start-up snapshot.
+        let hw = &self.state.current().await;
         let (offers, warnings) = slices::resolve_offers(
             &hw.gpus,
             |g| hw.layouts.get(&g.index),
@@ -161,18 +174,18 @@ impl NodeLoop {
         );
         if warnings != self.last_warnings {
             for w in &warnings {
-                warn!(node = %self.driver.node, "{w}");
+                warn!(node = %self.state.node(), "{w}");
             }
             self.last_warnings.clone_from(&warnings);
         }
         // The checkpoint before the hardware: a prepare records its claim before it makes
         // the instance, so every instance read afterwards that no record owns is foreign.
-        let checkpoint = self.driver.checkpoint_snapshot().await;
-        let live = self.driver.live_instances().await?;
+        let checkpoint = self.state.claims().snapshot().await;
+        let live = self.state.live_instances().await?;
         self.note_unreadable(&live.unreadable);
-        let (occupancy, rejected) = self.driver.occupancy(&live.by_gpu);
+        let (occupancy, rejected) = self.state.occupancy(&live.by_gpu);
         let foreign = foreign_instances(&live.by_gpu, &checkpoint);
-        let (mut blocked, _) = self.driver.occupancy(&foreign);
+        let (mut blocked, _) = self.state.occupancy(&foreign);
         for gpu in rejected.keys() {
             if let Some(full) = occupancy.get(gpu) {
                 blocked.insert(*gpu, full.clone());
@@ -199,15 +212,15 @@ impl NodeLoop {
         // slices already carry the taint (and it needs no API write).
         self.publish_health(&pool);
         let outcome = self.publisher.publish(&pool).await;
-        self.driver.metrics.observe_publish(outcome.is_ok());
+        self.metrics.observe_publish(outcome.is_ok());
         let outcome = outcome?;
         self.last_generation = outcome.generation;
         self.slice_count = pool.slice_count();
-        self.count_devices(&pool).await;
+        self.count_devices(&pool, &checkpoint);
 
         let geometry: Vec<String> = rejected.into_values().collect();
         for g in &geometry {
-            warn!(node = %self.driver.node, "{g}");
+            warn!(node = %self.state.node(), "{g}");
         }
         let mut problems = Vec::new();
         if !outcome.dropped_fields.is_empty() {
@@ -246,7 +259,7 @@ impl NodeLoop {
     /// reported while the others keep serving.
     fn note_unreadable(&mut self, unreadable: &BTreeMap<u32, String>) {
         let mut changed = false;
-        for (gpu, error) in self.driver.hw.unreadable.iter().chain(unreadable) {
+        for (gpu, error) in self.state.gpus().unreadable.iter().chain(unreadable) {
             if self.health.get(gpu).is_some_and(|h| !h.healthy) {
                 continue;
             }
@@ -266,7 +279,10 @@ impl NodeLoop {
     }
 
     fn save_health(&self) {
-        if let Err(e) = self.health_store.save(&self.health, &self.driver.hw.gpus) {
+        if let Err(e) = self
+            .health_store
+            .save(&self.health, &self.state.gpus().gpus)
+        {
             warn!(
                 error = &e as &dyn std::error::Error,
                 "cannot record the GPUs' health; a restart would forget a fault"
@@ -277,28 +293,15 @@ impl NodeLoop {
     /// Whether each MPS GPU's control daemon runs, as the backend says.
     async fn mps_running(&self, offers: &[slices::GpuOffer]) -> BTreeMap<u32, bool> {
         let gpus: Vec<u32> = self
-            .driver
-            .hw
+            .state
+            .gpus()
             .gpus
             .iter()
             .zip(offers)
             .filter(|(_, o)| matches!(o, slices::GpuOffer::Mps { .. }))
             .map(|(g, _)| g.index)
             .collect();
-        let backend = self.driver.backend.clone();
-        crate::driver::blocking(move || {
-            gpus.into_iter()
-                .filter_map(|g| {
-                    let state = backend.mps_state(g).ok()?;
-                    Some((
-                        g,
-                        matches!(state, tessera_gpu::backend::MpsState::Running { .. }),
-                    ))
-                })
-                .collect()
-        })
-        .await
-        .unwrap_or_default()
+        self.state.mps_running(gpus).await
     }
 
     fn apply_taints(&self, pool: &mut DesiredPool) {
@@ -328,7 +331,7 @@ impl NodeLoop {
                     message: None,
                 });
                 devices.iter().map(move |d| DeviceHealthEntry {
-                    pool_name: self.driver.node.clone(),
+                    pool_name: self.state.node().to_string(),
                     device_name: d.name.clone(),
                     health: if h.healthy {
                         DeviceHealthStatus::Healthy
@@ -344,7 +347,7 @@ impl NodeLoop {
         let _ = self.health_tx.send(entries);
     }
 
-    async fn count_devices(&self, pool: &DesiredPool) {
+    fn count_devices(&self, pool: &DesiredPool, checkpoint: &Checkpoint) {
         let mut published: BTreeMap<String, i64> = BTreeMap::new();
         for (_, devices) in &pool.device_slices {
             for d in devices {
@@ -357,9 +360,9 @@ impl NodeLoop {
                 *published.entry(t).or_default() += 1;
             }
         }
-        self.driver.metrics.set_published(&published);
+        self.metrics.set_published(&published);
         let mut prepared: BTreeMap<String, i64> = BTreeMap::new();
-        for r in self.driver.checkpoint_snapshot().await.claims.values() {
+        for r in checkpoint.claims.values() {
             for d in &r.devices {
                 let t = match d.kind {
                     crate::checkpoint::DeviceKind::Gpu { .. } => "gpu",
@@ -370,14 +373,15 @@ impl NodeLoop {
                 *prepared.entry(t.to_string()).or_default() += 1;
             }
         }
-        self.driver.metrics.set_prepared(&prepared);
+        self.metrics.set_prepared(&prepared);
     }
 
     /// Whether the published slices are still all there (a kubelet restart wipes them).
     async fn slices_intact(&self) -> bool {
         let lp = ListParams::default().fields(&format!(
             "spec.nodeName={},spec.driver={}",
-            self.driver.node, self.driver.driver_name
+            self.state.node(),
+            self.state.driver_name()
         ));
         match self.slices_api.list(&lp).await {
             Ok(list) => {
@@ -428,13 +432,15 @@ impl NodeLoop {
         mut health_events: broadcast::Receiver<HealthEvent>,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
-        let mut changed = self.driver.subscribe();
+        let mut changed = self.state.subscribe();
         let gpunodes: Api<GpuNode> = Api::all(client);
-        let cfg = watcher::Config::default().fields(&format!("metadata.name={}", self.driver.node));
+        let cfg =
+            watcher::Config::default().fields(&format!("metadata.name={}", self.state.node()));
         let mut spec_events = watcher(gpunodes, cfg).default_backoff().boxed();
         let slice_cfg = watcher::Config::default().fields(&format!(
             "spec.nodeName={},spec.driver={}",
-            self.driver.node, self.driver.driver_name
+            self.state.node(),
+            self.state.driver_name()
         ));
         let mut slice_events = watcher(self.slices_api.clone(), slice_cfg)
             .default_backoff()

@@ -30,8 +30,8 @@ use tessera_gpu::backend::MigInstance;
 
 use crate::{
     checkpoint::{Checkpoint, DeviceKind},
-    driver::NodeGpus,
     slices::GpuOffer,
+    state::NodeGpus,
 };
 
 /// Health of one GPU as the plugin tracks it.

@@ -10,21 +10,17 @@
 
 use std::{sync::Arc, time::Duration};
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::{
-    Api, Client,
-    api::{Patch, PatchParams},
-};
 use serde_json::json;
-use tessera_api::constants::PLUGIN_FIELD_MANAGER;
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::Semaphore;
 use tracing::{debug, warn};
 
+use super::ClaimApi;
 use crate::{
-    checkpoint::{Checkpoint, ClaimPhase, ClaimRecord, DeviceKind},
+    checkpoint::{ClaimRecord, DeviceKind},
     kubelet::ClaimRef,
     metrics::Metrics,
     ratelimit::RateLimiter,
+    state::ClaimsView,
 };
 
 /// How many `status.devices` writes the plugin has in flight at once. A burst of prepares
@@ -38,59 +34,52 @@ const ATTEMPTS: u32 = 4;
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 
 /// Queues and sends the status writes of one plugin.
-pub(crate) struct ClaimStatusWriter {
-    client: Client,
+pub(super) struct ClaimStatusWriter {
+    api: Arc<dyn ClaimApi>,
     driver_name: String,
     metrics: Arc<Metrics>,
     runtime: tokio::runtime::Handle,
     in_flight: Arc<Semaphore>,
     rate: Arc<RateLimiter>,
-    checkpoint: Arc<Mutex<Checkpoint>>,
+    claims: ClaimsView,
 }
 
 impl ClaimStatusWriter {
-    pub(crate) fn new(
-        client: Client,
+    pub(super) fn new(
+        api: Arc<dyn ClaimApi>,
         driver_name: String,
         metrics: Arc<Metrics>,
         runtime: tokio::runtime::Handle,
         rate: RateLimiter,
-        checkpoint: Arc<Mutex<Checkpoint>>,
+        claims: ClaimsView,
     ) -> Self {
         Self {
-            client,
+            api,
             driver_name,
             metrics,
             runtime,
             in_flight: Arc::new(Semaphore::new(STATUS_WRITES_IN_FLIGHT)),
             rate: Arc::new(rate),
-            checkpoint,
+            claims,
         }
     }
 
     /// Queues the write of `record` (just completed) into `claim`'s status.
-    pub(crate) fn queue(&self, claim: &ClaimRef, record: &ClaimRecord) {
-        let (client, driver_name, metrics) = (
-            self.client.clone(),
+    pub(super) fn queue(&self, claim: &ClaimRef, record: &ClaimRecord) {
+        let (api, driver_name, metrics) = (
+            self.api.clone(),
             self.driver_name.clone(),
             self.metrics.clone(),
         );
-        let (in_flight, rate, checkpoint) = (
+        let (in_flight, rate, claims) = (
             self.in_flight.clone(),
             self.rate.clone(),
-            self.checkpoint.clone(),
+            self.claims.clone(),
         );
         let (claim, record) = (claim.clone(), record.clone());
         metrics.status_writes_pending.inc();
         self.runtime.spawn(async move {
-            let still_prepared = || async {
-                checkpoint
-                    .lock()
-                    .await
-                    .claims
-                    .get(&claim.uid)
-                    .is_some_and(|r| r.phase == ClaimPhase::PrepareCompleted)
-            };
+            let still_prepared = || claims.is_prepared(&claim.uid);
             let mut retry_in = FIRST_RETRY;
             for attempt in 1..=ATTEMPTS {
                 // Closed only if the driver is gone, and then the write does not matter.
@@ -106,7 +95,7 @@ impl ClaimStatusWriter {
                     metrics.status_writes_skipped.inc();
                     break;
                 }
-                match write(&client, &driver_name, &claim, &record).await {
+                match api.apply_status(&claim.namespace, &claim.name, patch(&driver_name, &claim, &record)).await {
                     Ok(()) => break,
                     Err(kube::Error::Api(s)) if s.code == 404 => {
                         debug!(claim = %claim, "claim deleted before its status write");
@@ -141,14 +130,9 @@ fn worth_retrying(e: &kube::Error) -> bool {
     }
 }
 
-/// Server-side applies our entries of `status.devices` (one per device we prepared), as
+/// Our entries of `status.devices` (one per device we prepared), to server-side apply as
 /// our own field manager: other drivers' entries on the same claim are left alone.
-async fn write(
-    client: &Client,
-    driver_name: &str,
-    c: &ClaimRef,
-    rec: &ClaimRecord,
-) -> Result<(), kube::Error> {
+fn patch(driver_name: &str, c: &ClaimRef, rec: &ClaimRecord) -> serde_json::Value {
     let devices: Vec<serde_json::Value> = rec
         .devices
         .iter()
@@ -187,49 +171,49 @@ async fn write(
             v
         })
         .collect();
-    let patch = json!({
+    json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": c.name, "namespace": c.namespace},
         "status": {"devices": devices},
-    });
-    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &c.namespace);
-    api.patch_status(
-        &c.name,
-        &PatchParams::apply(PLUGIN_FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map(|_| ())
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{
+        checkpoint::{Checkpoint, ClaimPhase},
+        driver::fake::FakeClaims,
+        state::ClaimsMirror,
+    };
 
     fn api_error(code: u16) -> kube::Error {
         kube::Error::Api(kube::core::Status::failure("", "").with_code(code).boxed())
     }
 
-    /// A writer whose API server never answers (nothing listens on port 9), for a
-    /// checkpoint holding `prepared` claims as completed.
-    fn writer(prepared: &[&str]) -> (ClaimStatusWriter, Arc<Metrics>) {
-        let client =
-            Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+    /// A writer whose API server answers every write with `status` (none: accepts it),
+    /// for a checkpoint holding `prepared` claims as completed.
+    fn writer(
+        prepared: &[&str],
+        status: Option<u16>,
+    ) -> (ClaimStatusWriter, Arc<Metrics>, Arc<FakeClaims>) {
+        let api = Arc::new(FakeClaims::default());
+        *api.fail_with.lock().unwrap() = status;
         let mut cp = Checkpoint::default();
         for uid in prepared {
             cp.claims.insert((*uid).to_string(), record(uid));
         }
         let metrics = Arc::new(Metrics::new());
         let w = ClaimStatusWriter::new(
-            client,
+            Arc::new(api.clone()),
             "gpu.tessera.dev".into(),
             metrics.clone(),
             tokio::runtime::Handle::current(),
             RateLimiter::new(0.0, 1),
-            Arc::new(Mutex::new(cp)),
+            ClaimsMirror::new(cp).view(),
         );
-        (w, metrics)
+        (w, metrics, api)
     }
 
     fn record(uid: &str) -> ClaimRecord {
@@ -258,18 +242,19 @@ mod tests {
 
     #[tokio::test]
     async fn a_claim_unprepared_before_its_turn_is_skipped_without_a_request() {
-        let (w, metrics) = writer(&[]);
+        let (w, metrics, api) = writer(&[], None);
         w.queue(&claim("gone"), &record("gone"));
         settled(&metrics).await;
         assert_eq!(metrics.status_writes_skipped.get(), 1);
         assert_eq!(metrics.status_write_failures.get(), 0);
+        assert!(api.patches.lock().unwrap().is_empty());
     }
 
     // Paused time: the retries' waits pass at once, and the elapsed virtual time shows
     // that all of them were waited.
     #[tokio::test(start_paused = true)]
-    async fn an_unreachable_api_server_is_retried_then_counted_as_a_failure() {
-        let (w, metrics) = writer(&["a"]);
+    async fn an_unavailable_api_server_is_retried_then_counted_as_a_failure() {
+        let (w, metrics, _) = writer(&["a"], Some(503));
         let started = tokio::time::Instant::now();
         w.queue(&claim("a"), &record("a"));
         settled(&metrics).await;
@@ -280,6 +265,18 @@ mod tests {
             waited >= Duration::from_secs(1 + 4 + 16),
             "three retries wait 1 + 4 + 16 s; waited {waited:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_prepared_claim_gets_our_entries_by_server_side_apply() {
+        let (w, metrics, api) = writer(&["a"], None);
+        w.queue(&claim("a"), &record("a"));
+        settled(&metrics).await;
+        let patches = api.patches.lock().unwrap();
+        assert_eq!(patches.len(), 1);
+        assert_eq!(patches[0].0, "ns/claim-a");
+        assert_eq!(patches[0].1["kind"], "ResourceClaim");
+        assert!(patches[0].1["status"]["devices"].is_array());
     }
 
     #[test]

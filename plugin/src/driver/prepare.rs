@@ -34,7 +34,7 @@ pub(crate) fn to_prepared(rec: &ClaimRecord) -> Vec<PreparedDevice> {
 
 impl Driver {
     /// Prepares one claim; idempotent.
-    pub(crate) async fn prepare_claim(
+    pub(super) async fn prepare_claim(
         &self,
         c: &ClaimRef,
     ) -> Result<Vec<PreparedDevice>, ClaimError> {
@@ -52,7 +52,7 @@ impl Driver {
         // The GPU locks cover checking, recording the intent and the hardware change; the
         // rest (CDI spec, completion) only concerns this claim, which its own lock covers.
         let gpu_guards = self.lock_gpus(&gpus).await;
-        let half_done = self.checkpoint.lock().await.claims.get(&c.uid).cloned();
+        let half_done = self.claims.lock().await.claims.get(&c.uid).cloned();
         if let Some(rec) = half_done {
             info!(claim = %c, "rolling back an interrupted prepare before retrying it");
             self.rollback(&rec).await?;
@@ -73,7 +73,7 @@ impl Driver {
             if let Err(e) = self.make(&mut devices[i]).await {
                 record.devices = devices.clone();
                 if let Err(rb) = self.rollback(&record).await {
-                    warn!(claim = %c, error = %rb, "rollback after a failed prepare also failed; the next start-up retries it");
+                    warn!(claim = %c, error = %crate::error_chain(&rb), "rollback after a failed prepare also failed; the next start-up retries it");
                 }
                 return Err(e);
             }
@@ -109,7 +109,7 @@ impl Driver {
     }
 
     async fn completed(&self, uid: &str) -> Option<Vec<PreparedDevice>> {
-        let cp = self.checkpoint.lock().await;
+        let cp = self.claims.lock().await;
         cp.claims
             .get(uid)
             .filter(|r| r.phase == ClaimPhase::PrepareCompleted)
@@ -118,10 +118,10 @@ impl Driver {
 
     /// Writes a claim's record, then mirrors it in memory. The caller holds the claim's
     /// lock, so two writes of one claim never race.
-    pub(crate) async fn save_record(&self, record: &ClaimRecord) -> Result<(), ClaimError> {
+    pub(super) async fn save_record(&self, record: &ClaimRecord) -> Result<(), ClaimError> {
         let on_disk = record.clone();
         self.store_io(move |s| s.save_claim(&on_disk)).await?;
-        self.checkpoint
+        self.claims
             .lock()
             .await
             .claims
@@ -137,7 +137,7 @@ impl Driver {
         c: &ClaimRef,
         devices: &[DeviceRecord],
     ) -> Result<(), ClaimError> {
-        let cp = self.checkpoint.lock().await;
+        let cp = self.claims.lock().await;
         for d in devices {
             let shared = matches!(
                 d.kind,
@@ -146,7 +146,7 @@ impl Driver {
             if shared {
                 continue;
             }
-            let layout = self.hw.layouts.get(&d.gpu);
+            let layout = self.gpus().layouts.get(&d.gpu);
             for (uid, other) in &cp.claims {
                 if *uid == c.uid {
                     continue;
@@ -176,18 +176,18 @@ impl Driver {
                 let (profile_id, start) = (*profile_id, *start);
                 let started = std::time::Instant::now();
                 let inst = self
-                    .hw(move |b| {
+                    .on_hardware(move |b| {
                         ensure_mig_mode(b, gpu, true)?;
                         b.create_mig_device(gpu, profile_id, start)
                     })
                     .await?;
                 self.metrics
                     .observe_hardware("create_mig_device", started.elapsed());
-                let ci = inst.compute_instances.first().cloned().ok_or_else(|| {
-                    ClaimError::Internal(format!(
-                        "GPU {gpu}: new MIG instance has no compute instance"
-                    ))
-                })?;
+                let ci = inst
+                    .compute_instances
+                    .first()
+                    .cloned()
+                    .ok_or(ClaimError::NoComputeInstance { gpu })?;
                 *created = Some(MigIdentity {
                     gpu_instance_id: inst.gpu_instance_id,
                     compute_instance_id: ci.id,
@@ -197,15 +197,16 @@ impl Driver {
             DeviceKind::Gpu { .. } => {
                 // A whole GPU on a MIG-capable GPU must have MIG off; the counters
                 // guarantee no partition is allocated, so only an idle GPU gets here.
-                if self.hw.layouts.contains_key(&gpu) {
-                    self.hw(move |b| ensure_mig_mode(b, gpu, false)).await?;
+                if self.gpus().layouts.contains_key(&gpu) {
+                    self.on_hardware(move |b| ensure_mig_mode(b, gpu, false))
+                        .await?;
                 }
             }
             DeviceKind::Mps { .. } => {
                 let pipe_dir = self.mps_root.join(format!("gpu-{gpu}")).join("pipe");
                 let log_dir = self.mps_root.join(format!("gpu-{gpu}")).join("log");
                 let started = std::time::Instant::now();
-                self.hw(move |b| {
+                self.on_hardware(move |b| {
                     if matches!(b.mps_state(gpu)?, MpsState::Running { .. }) {
                         return Ok(());
                     }
@@ -214,7 +215,7 @@ impl Driver {
                             BackendError::new(
                                 gpu,
                                 Operation::StartMps,
-                                ErrorKind::Driver(format!("creating {}: {e}", dir.display())),
+                                ErrorKind::io(format!("creating {}", dir.display()), e),
                             )
                         })?;
                     }
@@ -242,7 +243,7 @@ impl Driver {
     /// The container edits of one device.
     fn cdi_device(&self, uid: &str, d: &DeviceRecord) -> Result<CdiDevice, ClaimError> {
         let mut edits = ContainerEdits::default();
-        let minor = self.hw.gpu(d.gpu).and_then(|g| g.minor_number);
+        let minor = self.gpus().gpu(d.gpu).and_then(|g| g.minor_number);
         let node = |path: String| DeviceNode {
             path,
             host_path: None,
@@ -266,19 +267,17 @@ impl Driver {
                 if let Some(m) = created {
                     edits.env.push(format!("NVIDIA_VISIBLE_DEVICES={}", m.uuid));
                     if let Some(minor) = minor {
-                        match devnodes::mig_nodes(
+                        let nodes = devnodes::mig_nodes(
                             &self.caps_root,
                             minor,
                             m.gpu_instance_id,
                             m.compute_instance_id,
-                        ) {
-                            Ok(nodes) => edits.device_nodes.extend(nodes.into_iter().map(node)),
-                            Err(e) => {
-                                return Err(ClaimError::Internal(format!(
-                                    "the MIG device's capability device nodes are unknown ({e}); the container could not use it"
-                                )));
-                            }
-                        }
+                        )
+                        .map_err(|source| ClaimError::CapabilityNodes {
+                            device: d.device.clone(),
+                            source,
+                        })?;
+                        edits.device_nodes.extend(nodes.into_iter().map(node));
                     }
                 }
                 edits.env.push(format!("TESSERA_MIG_PROFILE={profile}"));
@@ -297,7 +296,7 @@ impl Driver {
                     compute_percent: Some(*active_thread_percentage),
                     memory_bytes: Some(pinned_memory_limit_mib.saturating_mul(1 << 20)),
                 };
-                let gpu_mib = self.hw.gpu(d.gpu).map_or(u64::MAX, |g| g.memory_mib);
+                let gpu_mib = self.gpus().gpu(d.gpu).map_or(u64::MAX, |g| g.memory_mib);
                 if let Ok(s) = mps::client_settings(gpu_mib, "0", request) {
                     edits
                         .env

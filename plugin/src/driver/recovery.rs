@@ -15,8 +15,6 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::Api;
 use tracing::{info, warn};
 
 use super::{ClaimError, Driver};
@@ -45,16 +43,16 @@ pub struct RecoveryReport {
 impl Driver {
     /// Reconciles the checkpoint with the hardware. Run before serving the kubelet.
     pub async fn recover(&self) -> Result<RecoveryReport, ClaimError> {
-        let unreadable = std::mem::take(&mut self.checkpoint.lock().await.unreadable);
+        let unreadable = std::mem::take(&mut self.claims.lock().await.unreadable);
         let mut report = RecoveryReport {
             unreadable: unreadable.iter().map(|p| p.display().to_string()).collect(),
             ..RecoveryReport::default()
         };
-        let void = std::mem::take(&mut self.checkpoint.lock().await.previous_boot);
+        let void = std::mem::take(&mut self.claims.lock().await.previous_boot);
         for uid in void.into_keys() {
             // Only the files: the reboot already undid everything else they describe.
             if let Err(e) = self.cdi.remove(&uid) {
-                warn!(claim = %uid, error = %e, "could not remove the CDI spec of a claim from an earlier boot");
+                warn!(claim = %uid, error = %crate::error_chain(&e), "could not remove the CDI spec of a claim from an earlier boot");
             }
             let gone = uid.clone();
             self.store_io(move |s| s.remove_claim(&gone)).await?;
@@ -66,15 +64,8 @@ impl Driver {
                 "the node rebooted since these claims were prepared; their records are void and were forgotten (the kubelet prepares them again)"
             );
         }
-        let records: Vec<_> = self
-            .checkpoint
-            .lock()
-            .await
-            .claims
-            .values()
-            .cloned()
-            .collect();
-        let live = self.live_instances().await?;
+        let records: Vec<_> = self.claims.lock().await.claims.values().cloned().collect();
+        let live = self.state.live_instances().await?;
         for rec in records {
             let gpus: BTreeSet<u32> = rec.devices.iter().map(|d| d.gpu).collect();
             // A GPU that cannot be read cannot be reconciled: keep the record as it is; the
@@ -109,9 +100,7 @@ impl Driver {
                         report.forgotten.push(rec.uid.clone());
                         continue;
                     }
-                    let api: Api<ResourceClaim> =
-                        Api::namespaced(self.client.clone(), &rec.namespace);
-                    match api.get_opt(&rec.name).await {
+                    match self.api.get(&rec.namespace, &rec.name).await {
                         Ok(Some(c)) if c.metadata.uid.as_deref() == Some(rec.uid.as_str()) => {}
                         Ok(_) => {
                             info!(claim = %rec.uid, "claim no longer exists; releasing its devices");
@@ -120,15 +109,15 @@ impl Driver {
                         }
                         // Cannot tell (API down): keep it; the kubelet will unprepare it.
                         Err(e) => {
-                            warn!(claim = %rec.uid, error = %e, "cannot check whether the claim still exists")
+                            warn!(claim = %rec.uid, error = %crate::error_chain(&e), "cannot check whether the claim still exists")
                         }
                     }
                 }
             }
         }
         // Whatever is left on the GPUs and not in the checkpoint is someone else's.
-        let cp = self.checkpoint.lock().await;
-        for (gpu, instances) in self.live_instances().await?.by_gpu {
+        let cp = self.claims.lock().await;
+        for (gpu, instances) in self.state.live_instances().await?.by_gpu {
             for i in instances {
                 if cp.mig_owner(gpu, i.start, i.profile_id).is_none() {
                     report
@@ -141,7 +130,7 @@ impl Driver {
             warn!(instances = ?report.foreign_instances, "MIG instances not made by Tessera are present; they are reported, never destroyed, and their slices are not offered");
         }
         drop(cp);
-        self.notify_changed();
+        self.state.notify_changed();
         Ok(report)
     }
 }

@@ -1,58 +1,403 @@
-use tessera_gpu::find_model;
+//! The driver on the simulated hardware, with claims from an in-memory API: failures part
+//! way through a prepare, crashes (a new driver on the same files and hardware), and the
+//! paths of start-up recovery.
 
-use super::*;
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaimStatus,
+};
+use tessera_gpu::{
+    backend::{
+        MigInstance, Operation,
+        sim::{FailureSpec, Inventory, InventoryGpu, SimBackend, SimConfig, SimLatencies},
+    },
+    naming,
+};
 
-fn h100() -> MigLayout {
-    find_model("h100-80gb").unwrap().mig.clone().unwrap()
+use super::{fake::FakeClaims, *};
+use crate::{
+    checkpoint::{ClaimPhase, ClaimRecord, DeviceKind},
+    ratelimit::RateLimiter,
+};
+
+const DRIVER: &str = "gpu.tessera.dev";
+const NODE: &str = "node-a";
+
+/// A node with H100s in MIG mode, its files in a temporary directory.
+struct TestNode {
+    dir: tempfile::TempDir,
+    sim: Arc<SimBackend>,
+    api: Arc<FakeClaims>,
 }
 
-fn instance(layout: &MigLayout, profile: &str, start: u8) -> MigInstance {
-    let p = layout.profile_by_name(profile).unwrap();
-    MigInstance {
-        gpu: 0,
-        gpu_instance_id: u32::from(start) + 1,
-        profile_id: p.profile_id,
-        profile_name: profile.into(),
-        start,
-        size: p.memory_slices,
-        compute_instances: vec![],
+impl TestNode {
+    fn new(gpus: usize) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let inventory = Inventory {
+            gpus: (0..gpus)
+                .map(|i| InventoryGpu {
+                    model: "h100-80gb".into(),
+                    uuid: Some(format!("GPU-{i:08x}-0000-4000-8000-000000000000")),
+                    mig_enabled: true,
+                    resettable: true,
+                    instances: vec![],
+                })
+                .collect(),
+            latencies: None,
+        };
+        let sim = SimBackend::new(SimConfig {
+            inventory,
+            latencies: Some(SimLatencies::zero()),
+            caps_root: Some(dir.path().join("caps")),
+            ..SimConfig::default()
+        })
+        .unwrap();
+        Self {
+            dir,
+            sim: Arc::new(sim),
+            api: Arc::new(FakeClaims::default()),
+        }
+    }
+
+    fn cdi(&self) -> CdiWriter {
+        CdiWriter::new(self.dir.path().join("cdi"), DRIVER)
+    }
+
+    /// A driver on this node's files and hardware: calling it again is a plugin restart.
+    fn driver(&self) -> Arc<Driver> {
+        self.driver_with_cdi(self.cdi())
+    }
+
+    fn driver_with_cdi(&self, cdi: CdiWriter) -> Arc<Driver> {
+        let backend: Arc<dyn GpuBackend> = self.sim.clone();
+        Driver::new(DriverConfig {
+            node: NODE.into(),
+            driver_name: DRIVER.into(),
+            backend: backend.clone(),
+            gpus: NodeGpus::read(backend.as_ref()).unwrap(),
+            store: CheckpointStore::new(self.dir.path().join("claims"), Some("boot-1".into())),
+            claims: Arc::new(self.api.clone()),
+            cdi,
+            mps_root: self.dir.path().join("mps"),
+            caps_root: self.dir.path().join("caps"),
+            metrics: Arc::new(Metrics::new()),
+            background: tokio::runtime::Handle::current(),
+            status_rate: RateLimiter::new(0.0, 1),
+        })
+        .unwrap()
+    }
+
+    /// A claim allocated `devices` of this node, known to the API.
+    fn claim(&self, uid: &str, devices: &[String]) -> ClaimRef {
+        let results = devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| DeviceRequestAllocationResult {
+                driver: DRIVER.into(),
+                pool: NODE.into(),
+                device: d.clone(),
+                request: format!("r{i}"),
+                ..Default::default()
+            })
+            .collect();
+        let mut claim = ResourceClaim::default();
+        claim.metadata.namespace = Some("ns".into());
+        claim.metadata.name = Some(format!("claim-{uid}"));
+        claim.metadata.uid = Some(uid.into());
+        claim.status = Some(ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(results),
+                    config: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        self.api.insert(claim);
+        ClaimRef {
+            namespace: "ns".into(),
+            name: format!("claim-{uid}"),
+            uid: uid.into(),
+        }
+    }
+
+    fn instances(&self, gpu: u32) -> Vec<MigInstance> {
+        self.sim.mig_instances(gpu).unwrap()
     }
 }
 
-#[test]
-fn instances_that_fit_the_geometry_make_their_occupancy() {
-    let layout = h100();
-    let layouts = BTreeMap::from([(0, layout.clone())]);
-    let live = BTreeMap::from([(0, vec![instance(&layout, "3g.40gb", 0)])]);
-
-    let (occ, rejected) = occupancy_of(&layouts, &live);
-
-    assert!(rejected.is_empty(), "{rejected:?}");
-    let free: Vec<u8> = occ[&0].feasible_starts(&layout, 9);
-    assert_eq!(free, [4], "the other 3g placement stays free");
+fn mig(gpu: u32, profile: &str, start: u8) -> String {
+    naming::mig_device_name(gpu, profile, start).unwrap()
 }
 
-#[test]
-fn instances_the_geometry_rejects_leave_the_gpu_full_and_say_why() {
-    // Overlapping instances cannot exist on this geometry: the catalogue is wrong for this
-    // GPU or driver, so nothing may be offered on it.
-    let layout = h100();
-    let layouts = BTreeMap::from([(0, layout.clone())]);
-    let live = BTreeMap::from([(
-        0,
-        vec![
-            instance(&layout, "3g.40gb", 0),
-            instance(&layout, "1g.10gb", 2),
-        ],
-    )]);
+fn uuids(instances: &[MigInstance]) -> Vec<String> {
+    instances
+        .iter()
+        .filter_map(|i| i.uuid().map(str::to_string))
+        .collect()
+}
 
-    let (occ, rejected) = occupancy_of(&layouts, &live);
+#[tokio::test]
+async fn a_failure_between_the_devices_of_a_claim_undoes_the_first() {
+    let node = TestNode::new(2);
+    let driver = node.driver();
+    let c = node.claim("a", &[mig(0, "3g.40gb", 0), mig(1, "3g.40gb", 4)]);
+    node.sim.inject(FailureSpec {
+        operation: Operation::CreateGpuInstance,
+        count: 1,
+        gpu: Some(1),
+        message: None,
+    });
 
+    let err = driver.prepare_claim(&c).await.unwrap_err();
+
+    assert!(matches!(err, ClaimError::Hardware(_)), "{err:?}");
+    assert!(node.instances(0).is_empty(), "the first device was undone");
+    assert!(node.instances(1).is_empty());
     assert!(
-        occ[&0].feasible_placements(&layout).is_empty(),
-        "nothing is free"
+        driver.claims.lock().await.claims.is_empty(),
+        "no record left"
     );
-    let why = &rejected[&0];
-    assert!(why.contains("3g.40gb at 0, 1g.10gb at 2"), "{why}");
-    assert!(why.contains("offers no partitions"), "{why}");
+    assert!(!node.cdi().exists("a"));
+
+    // The kubelet's retry starts from clean hardware and succeeds.
+    let prepared = driver.prepare_claim(&c).await.unwrap();
+    assert_eq!(prepared.len(), 2);
+    assert_eq!(node.instances(0).len(), 1);
+    assert_eq!(node.instances(1).len(), 1);
+}
+
+#[tokio::test]
+async fn a_failing_cdi_write_fails_the_claim_and_the_retry_remakes_its_instance() {
+    let node = TestNode::new(1);
+    // A CDI directory that cannot be created: its parent is a file.
+    std::fs::write(node.dir.path().join("not-a-dir"), "").unwrap();
+    let broken = CdiWriter::new(node.dir.path().join("not-a-dir/cdi"), DRIVER);
+    let driver = node.driver_with_cdi(broken);
+    let c = node.claim("a", &[mig(0, "1g.10gb", 3)]);
+
+    let err = driver.prepare_claim(&c).await.unwrap_err();
+
+    assert!(matches!(err, ClaimError::Cdi(_)), "{err:?}");
+    let first = uuids(&node.instances(0));
+    assert_eq!(
+        first.len(),
+        1,
+        "the instance stays until the retry or unprepare"
+    );
+    let rec = driver.claims.lock().await.claims["a"].clone();
+    assert_eq!(
+        rec.phase,
+        ClaimPhase::PrepareStarted,
+        "never reported prepared"
+    );
+
+    // The plugin restarts with a working directory; the kubelet retries.
+    let driver = node.driver();
+    let report = driver.recover().await.unwrap();
+    assert_eq!(report.rolled_back, ["a"]);
+    assert!(
+        node.instances(0).is_empty(),
+        "recovery destroyed the half-made instance"
+    );
+    driver.prepare_claim(&c).await.unwrap();
+    let second = uuids(&node.instances(0));
+    assert_eq!(second.len(), 1);
+    assert_ne!(first, second, "a new instance, not the orphan");
+    assert!(node.cdi().exists("a"));
+}
+
+#[tokio::test]
+async fn a_crash_before_the_first_hardware_change_is_rolled_back_without_touching_hardware() {
+    let node = TestNode::new(1);
+    // Someone else's instance, which must survive the rollback of a record at its
+    // placement's neighbour.
+    node.sim.create_mig_device(0, 9, 4).unwrap();
+    let foreign = uuids(&node.instances(0));
+    let driver = node.driver();
+    let c = node.claim("a", &[mig(0, "3g.40gb", 0)]);
+    let claim = driver.read_claim(&c).await.unwrap();
+    let devices = driver.plan(&claim).unwrap();
+    // What phase 1 writes before the first hardware call; then the process dies.
+    driver
+        .save_record(&ClaimRecord {
+            namespace: "ns".into(),
+            name: "claim-a".into(),
+            uid: "a".into(),
+            phase: ClaimPhase::PrepareStarted,
+            devices,
+        })
+        .await
+        .unwrap();
+    drop(driver);
+
+    let driver = node.driver();
+    let report = driver.recover().await.unwrap();
+
+    assert_eq!(report.rolled_back, ["a"]);
+    assert_eq!(report.foreign_instances, ["0/4/3g.40gb"]);
+    assert_eq!(uuids(&node.instances(0)), foreign, "nothing was destroyed");
+    assert!(driver.claims.lock().await.claims.is_empty());
+    driver.prepare_claim(&c).await.unwrap();
+    assert_eq!(node.instances(0).len(), 2);
+}
+
+#[tokio::test]
+async fn recovery_forgets_a_prepared_claim_whose_instance_is_gone() {
+    let node = TestNode::new(1);
+    let driver = node.driver();
+    let c = node.claim("a", &[mig(0, "2g.20gb", 2)]);
+    driver.prepare_claim(&c).await.unwrap();
+    // Someone (an admin, a GPU reset) destroyed it while the plugin was down.
+    let gi = node.instances(0)[0].gpu_instance_id;
+    node.sim.destroy_mig_device(0, gi).unwrap();
+
+    let driver = node.driver();
+    let report = driver.recover().await.unwrap();
+
+    assert_eq!(report.forgotten, ["a"]);
+    assert!(driver.claims.lock().await.claims.is_empty());
+    assert!(!node.cdi().exists("a"), "its CDI spec went with it");
+    // The kubelet's next prepare makes it again instead of returning a stale device.
+    driver.prepare_claim(&c).await.unwrap();
+    assert_eq!(node.instances(0).len(), 1);
+}
+
+#[tokio::test]
+async fn recovery_releases_a_prepared_claim_whose_resource_claim_is_gone() {
+    let node = TestNode::new(1);
+    let driver = node.driver();
+    let kept = node.claim("kept", &[mig(0, "1g.10gb", 0)]);
+    let gone = node.claim("gone", &[mig(0, "1g.10gb", 1)]);
+    driver.prepare_claim(&kept).await.unwrap();
+    driver.prepare_claim(&gone).await.unwrap();
+    node.api.remove("ns", "claim-gone");
+
+    let driver = node.driver();
+    let report = driver.recover().await.unwrap();
+
+    assert_eq!(report.released, ["gone"]);
+    let left = node.instances(0);
+    assert_eq!(left.len(), 1);
+    assert_eq!(
+        left[0].start, 0,
+        "the claim that still exists keeps its instance"
+    );
+    assert!(node.cdi().exists("kept"));
+    assert!(!node.cdi().exists("gone"));
+}
+
+#[tokio::test]
+async fn recovery_keeps_a_claim_when_the_api_cannot_say_whether_it_exists() {
+    let node = TestNode::new(1);
+    let driver = node.driver();
+    let c = node.claim("a", &[mig(0, "1g.10gb", 0)]);
+    driver.prepare_claim(&c).await.unwrap();
+    *node.api.fail_with.lock().unwrap() = Some(503);
+
+    let driver = node.driver();
+    let report = driver.recover().await.unwrap();
+
+    assert!(report.released.is_empty(), "{report:?}");
+    assert_eq!(node.instances(0).len(), 1);
+    assert!(driver.claims.lock().await.claims.contains_key("a"));
+}
+
+#[tokio::test]
+async fn a_bad_claim_fails_alone_in_a_batch() {
+    let node = TestNode::new(1);
+    let handle = DriverHandle(node.driver());
+    let good = node.claim("good", &[mig(0, "1g.10gb", 0)]);
+    let bad_start = node.claim("bad-start", &[mig(0, "3g.40gb", 1)]);
+    let bad_gpu = node.claim("bad-gpu", &[mig(7, "1g.10gb", 0)]);
+    let missing = ClaimRef {
+        namespace: "ns".into(),
+        name: "nobody".into(),
+        uid: "nobody".into(),
+    };
+
+    let results = handle
+        .prepare(vec![good, bad_start, bad_gpu, missing])
+        .await;
+
+    assert!(results["good"].is_ok(), "{:?}", results["good"]);
+    let msg = |uid: &str| results[uid].clone().unwrap_err();
+    assert!(
+        msg("bad-start").contains("cannot start at memory slice 1"),
+        "{}",
+        msg("bad-start")
+    );
+    assert!(
+        msg("bad-gpu").contains("GPU 7, which this node does not have"),
+        "{}",
+        msg("bad-gpu")
+    );
+    assert!(
+        msg("nobody").contains("ResourceClaim ns/nobody does not exist"),
+        "{}",
+        msg("nobody")
+    );
+    assert_eq!(node.instances(0).len(), 1);
+}
+
+#[tokio::test]
+async fn a_replaced_claim_is_refused_with_both_uids() {
+    let node = TestNode::new(1);
+    let driver = node.driver();
+    let mut c = node.claim("new-uid", &[mig(0, "1g.10gb", 0)]);
+    c.uid = "old-uid".into();
+
+    let err = driver.prepare_claim(&c).await.unwrap_err();
+
+    let text = crate::error_chain(&err);
+    assert!(
+        text.contains("has UID new-uid, the kubelet asked for old-uid"),
+        "{text}"
+    );
+    assert!(node.instances(0).is_empty());
+}
+
+#[tokio::test]
+async fn an_error_chain_names_each_layer_once() {
+    let node = TestNode::new(1);
+    let driver = node.driver();
+    let c = node.claim("a", &["gpu-0-mig-9g-99gb-0".to_string()]);
+
+    let err = driver.prepare_claim(&c).await.unwrap_err();
+
+    let text = crate::error_chain(&err);
+    assert!(
+        text.starts_with("device gpu-0-mig-9g-99gb-0: its MIG profile is not one of the GPU's: "),
+        "{text}"
+    );
+    let parts: Vec<&str> = text.split(": ").collect();
+    let mut unique = parts.clone();
+    unique.dedup();
+    assert_eq!(parts, unique, "no layer repeats the one below: {text}");
+}
+
+#[tokio::test]
+async fn unprepare_destroys_exactly_the_instance_it_made() {
+    let node = TestNode::new(1);
+    let driver = node.driver();
+    let c = node.claim("a", &[mig(0, "1g.10gb", 0)]);
+    driver.prepare_claim(&c).await.unwrap();
+    let made = driver.claims.lock().await.claims["a"].devices[0]
+        .kind
+        .clone();
+    let DeviceKind::Mig {
+        created: Some(made),
+        ..
+    } = made
+    else {
+        panic!("{made:?}")
+    };
+    assert_eq!(uuids(&node.instances(0)), [made.uuid]);
+
+    driver.unprepare_claim(&c).await.unwrap();
+    driver.unprepare_claim(&c).await.unwrap();
+
+    assert!(node.instances(0).is_empty());
+    assert!(!node.cdi().exists("a"));
+    assert!(driver.claims.lock().await.claims.is_empty());
 }

@@ -13,9 +13,9 @@ use crate::{
 
 impl Driver {
     /// Unprepares one claim; a claim we never prepared (or already unprepared) is fine.
-    pub(crate) async fn unprepare_claim(&self, c: &ClaimRef) -> Result<(), ClaimError> {
+    pub(super) async fn unprepare_claim(&self, c: &ClaimRef) -> Result<(), ClaimError> {
         let _claim_guard = self.lock_claim(&c.uid).await;
-        let Some(rec) = self.checkpoint.lock().await.claims.get(&c.uid).cloned() else {
+        let Some(rec) = self.claims.lock().await.claims.get(&c.uid).cloned() else {
             return Ok(());
         };
         let gpus: BTreeSet<u32> = rec.devices.iter().map(|d| d.gpu).collect();
@@ -28,7 +28,7 @@ impl Driver {
     /// Undoes everything a record says was made, then forgets the claim. Each step is
     /// idempotent, so an interrupted rollback can simply run again. The caller holds the
     /// GPU locks.
-    pub(crate) async fn rollback(&self, rec: &ClaimRecord) -> Result<(), ClaimError> {
+    pub(super) async fn rollback(&self, rec: &ClaimRecord) -> Result<(), ClaimError> {
         for d in rec.devices.iter().rev() {
             match &d.kind {
                 DeviceKind::Mig {
@@ -40,7 +40,7 @@ impl Driver {
                     let (gpu, profile_id, start) = (d.gpu, *profile_id, *start);
                     let identity = created.clone();
                     let started = std::time::Instant::now();
-                    self.hw(move |b| {
+                    self.on_hardware(move |b| {
                         // GI ids are reused after destroy: identify the instance by its
                         // placement, and by UUID when we recorded one, so we never destroy
                         // an instance that is not the one we made.
@@ -62,7 +62,7 @@ impl Driver {
                 }
                 DeviceKind::Mps { .. } => {
                     let gpu = d.gpu;
-                    let others = self.checkpoint.lock().await.claims.values().any(|o| {
+                    let others = self.claims.lock().await.claims.values().any(|o| {
                         o.uid != rec.uid
                             && o.devices.iter().any(|od| {
                                 od.gpu == gpu && matches!(od.kind, DeviceKind::Mps { .. })
@@ -71,7 +71,7 @@ impl Driver {
                     if !others {
                         // Last client gone: stop the daemon and give the GPU back its
                         // default compute mode.
-                        self.hw(move |b| {
+                        self.on_hardware(move |b| {
                             if matches!(b.mps_state(gpu)?, MpsState::Running { .. }) {
                                 b.stop_mps(gpu)?;
                             }
@@ -84,12 +84,12 @@ impl Driver {
             }
         }
         if let Err(e) = self.cdi.remove(&rec.uid) {
-            warn!(claim = %rec.uid, error = %e, "could not remove the CDI spec");
+            warn!(claim = %rec.uid, error = %crate::error_chain(&e), "could not remove the CDI spec");
             return Err(e.into());
         }
         let uid = rec.uid.clone();
         self.store_io(move |s| s.remove_claim(&uid)).await?;
-        self.checkpoint.lock().await.claims.remove(&rec.uid);
+        self.claims.lock().await.claims.remove(&rec.uid);
         Ok(())
     }
 }

@@ -1,0 +1,299 @@
+//! Wiring the plugin together: what `tessera-plugin` runs until it is told to stop.
+//!
+//! The kubelet's calls are served on the caller's runtime; everything else (watches,
+//! slices, status writes) runs on a runtime of its own with its own API client, so a burst
+//! of bookkeeping never delays a prepare. (A kube client's connection tasks live on the
+//! runtime that made it, hence one client per runtime.)
+
+use std::{future::Future, net::SocketAddr, path::PathBuf, sync::Arc};
+
+use futures::StreamExt;
+use k8s_openapi::api::{core::v1::Node, resource::v1::ResourceClaim};
+use kube::{
+    Api, Client, Config,
+    config::KubeConfigOptions,
+    runtime::{WatchStreamExt, reflector, watcher},
+};
+use tessera_gpu::backend::{BackendError, GpuBackend, nvml::NvmlBackend, sim::SimBackend};
+use tokio::sync::watch;
+use tracing::info;
+
+use crate::{
+    cdi::CdiWriter,
+    checkpoint::{self, CheckpointStore},
+    config::{Args, BackendKind},
+    driver::{ClaimError, Driver, DriverConfig, DriverHandle, KubeClaims},
+    health_store::HealthStore,
+    http, kubelet,
+    metrics::Metrics,
+    node::{NodeLoop, NodeLoopConfig},
+    ratelimit::RateLimiter,
+    state::NodeGpus,
+};
+
+/// How much lower the background threads' CPU priority is than the kubelet-facing ones'.
+const BACKGROUND_NICENESS: i32 = 10;
+
+/// Why the plugin could not start, or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The background runtime could not be made.
+    #[error("starting the background runtime")]
+    Runtime(#[source] std::io::Error),
+    /// The kubeconfig could not be read or used.
+    #[error("reading kubeconfig {}", .path.display())]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// No kubeconfig was given and this is not a pod.
+    #[error("no --kubeconfig and not running in a pod")]
+    InCluster(#[source] kube::config::InClusterError),
+    /// The API client could not be made.
+    #[error("making the API client")]
+    Client(#[source] kube::Error),
+    /// `--backend sim` without its inventory.
+    #[error("--sim-inventory is required with --backend sim")]
+    NoSimInventory,
+    /// The hardware backend could not start.
+    #[error("starting the {backend} GPU backend")]
+    Backend {
+        /// Which.
+        backend: &'static str,
+        /// Why.
+        #[source]
+        source: BackendError,
+    },
+    /// The node's GPUs could not be listed.
+    #[error("listing the node's GPUs")]
+    Gpus(#[source] BackendError),
+    /// The Node object could not be read.
+    #[error("reading Node {node} (is --node-name right?)")]
+    Node {
+        /// `--node-name`.
+        node: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
+    /// The checkpoint could not be loaded.
+    #[error("loading the checkpoint")]
+    Checkpoint(#[source] checkpoint::Error),
+    /// Start-up recovery failed.
+    #[error("reconciling the checkpoint with the hardware")]
+    Recovery(#[source] ClaimError),
+    /// The metrics address could not be bound.
+    #[error("binding the metrics address {addr}")]
+    Metrics {
+        /// `--metrics-address`.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The kubelet-facing sockets failed.
+    #[error(transparent)]
+    Kubelet(#[from] kubelet::ServeError),
+    /// A task of the plugin's own panicked.
+    #[error("the {what} task failed")]
+    Task {
+        /// Which.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: tokio::task::JoinError,
+    },
+}
+
+/// Runs the plugin until `shutdown` resolves, then removes the kubelet sockets.
+pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+    info!(version = env!("CARGO_PKG_VERSION"), node = %args.node_name, backend = ?args.backend, "starting tessera-plugin");
+    let background = background_runtime()?;
+    let client = {
+        let kubeconfig = args.kubeconfig.clone();
+        background
+            .spawn(async move { client(kubeconfig).await })
+            .await
+            .map_err(|source| Error::Task {
+                what: "API client",
+                source,
+            })??
+    };
+    let backend = backend(&args)?;
+    let gpus = {
+        let b = backend.clone();
+        tokio::task::spawn_blocking(move || NodeGpus::read(b.as_ref()))
+            .await
+            .map_err(|source| Error::Task {
+                what: "GPU listing",
+                source,
+            })?
+            .map_err(Error::Gpus)?
+    };
+    info!(
+        gpus = gpus.gpus.len(),
+        mig_capable = gpus.layouts.len(),
+        "found GPUs"
+    );
+
+    let node: Node = Api::all(client.clone())
+        .get(&args.node_name)
+        .await
+        .map_err(|source| Error::Node {
+            node: args.node_name.clone(),
+            source,
+        })?;
+    let node_uid = node.metadata.uid.unwrap_or_default();
+
+    let metrics = Arc::new(Metrics::new());
+    // Prepare reads claims from this watch cache instead of making an API round trip.
+    let (claim_cache, claim_writer) = reflector::store();
+    let claims_api: Api<ResourceClaim> = Api::all(client.clone());
+    background.spawn(
+        reflector(
+            claim_writer,
+            watcher(claims_api, watcher::Config::default()),
+        )
+        .default_backoff()
+        .for_each(|_| std::future::ready(())),
+    );
+    let boot_id = checkpoint::read_boot_id(&args.boot_id_file);
+    let driver = Driver::new(DriverConfig {
+        node: args.node_name.clone(),
+        driver_name: args.driver_name.clone(),
+        backend: backend.clone(),
+        gpus,
+        store: CheckpointStore::new(args.state_dir.join("claims"), boot_id.clone()),
+        claims: Arc::new(KubeClaims::new(client.clone(), Some(claim_cache))),
+        cdi: CdiWriter::new(&args.cdi_dir, &args.driver_name),
+        mps_root: args.state_dir.join("mps"),
+        caps_root: args.nvidia_caps_root.clone(),
+        metrics: metrics.clone(),
+        background: background.handle().clone(),
+        status_rate: RateLimiter::new(args.claim_status_qps, args.claim_status_burst),
+    })
+    .map_err(Error::Checkpoint)?;
+    let report = driver.recover().await.map_err(Error::Recovery)?;
+    info!(?report, "start-up recovery done");
+
+    let (ready_tx, ready_rx) = watch::channel(Err("starting".to_string()));
+    let addr = http::serve(args.metrics_address, metrics.clone(), ready_rx)
+        .await
+        .map_err(|source| Error::Metrics {
+            addr: args.metrics_address,
+            source,
+        })?;
+    info!(%addr, "serving /metrics, /healthz, /readyz");
+
+    let (health_tx, health_rx) = watch::channel(Vec::new());
+    let kcfg = args.kubelet.clone().into_config(args.driver_name.clone());
+    let server = kubelet::start(kcfg, Arc::new(DriverHandle(driver.clone())), health_rx).await?;
+    info!(dra = %server.dra_socket().display(), registration = %server.registration_socket().display(), "kubelet sockets listening");
+
+    let node_loop = NodeLoop::new(NodeLoopConfig {
+        client: client.clone(),
+        state: driver.state(),
+        metrics: metrics.clone(),
+        node_uid,
+        default_strategy: args.default_strategy,
+        health_store: HealthStore::new(args.state_dir.join("gpu-health.json"), boot_id),
+        health_tx,
+        ready_tx,
+    });
+    let registration = server.registration_state();
+    let mut accepted = server.registration_state();
+    let registrations = metrics.kubelet_registrations.clone();
+    background.spawn(async move {
+        // Every verdict is a send, also "registered" again after a kubelet restart.
+        while accepted.changed().await.is_ok() {
+            if accepted.borrow_and_update().is_registered() {
+                registrations.inc();
+            }
+        }
+    });
+    let health_events = backend.health_events();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let wait_stop = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let loop_task = background.spawn(node_loop.run(
+        client,
+        registration,
+        health_events,
+        wait_stop(stop_rx.clone()),
+    ));
+    let serve_task = tokio::spawn(server.serve_until(wait_stop(stop_rx)));
+
+    shutdown.await;
+    info!("shutting down: removing the kubelet sockets");
+    let _ = stop_tx.send(true);
+    let served = serve_task.await.map_err(|source| Error::Task {
+        what: "kubelet server",
+        source,
+    })?;
+    let looped = loop_task.await.map_err(|source| Error::Task {
+        what: "node loop",
+        source,
+    });
+    background.shutdown_background();
+    served?;
+    looped
+}
+
+fn background_runtime() -> Result<tokio::runtime::Runtime, Error> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("tessera-background")
+        // On Linux the niceness is per thread: these threads, and only these, give way
+        // when a kubelet call wants the CPU.
+        .on_thread_start(|| {
+            if let Err(e) = rustix::process::nice(BACKGROUND_NICENESS) {
+                tracing::debug!(error = %e, "could not lower the background thread's priority");
+            }
+        })
+        .enable_all()
+        .build()
+        .map_err(Error::Runtime)
+}
+
+async fn client(kubeconfig: Option<PathBuf>) -> Result<Client, Error> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let read = match kube::config::Kubeconfig::read_from(&path) {
+                Ok(kc) => Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await,
+                Err(e) => Err(e),
+            };
+            read.map_err(|source| Error::Kubeconfig { path, source })?
+        }
+        None => Config::incluster().map_err(Error::InCluster)?,
+    };
+    Client::try_from(config).map_err(Error::Client)
+}
+
+fn backend(args: &Args) -> Result<Arc<dyn GpuBackend>, Error> {
+    Ok(match args.backend {
+        BackendKind::Sim => {
+            let inventory = args.sim_inventory.as_deref().ok_or(Error::NoSimInventory)?;
+            let state = args
+                .sim_state
+                .clone()
+                .unwrap_or_else(|| args.state_dir.join("sim-hardware.json"));
+            // The simulator publishes its MIG capability files where the plugin reads the
+            // driver's, so the CDI path is the production one.
+            Arc::new(
+                SimBackend::open_with_caps(inventory, Some(&state), Some(&args.nvidia_caps_root))
+                    .map_err(|source| Error::Backend {
+                    backend: "simulated",
+                    source,
+                })?,
+            )
+        }
+        BackendKind::Nvml => Arc::new(NvmlBackend::new().map_err(|source| Error::Backend {
+            backend: "NVML",
+            source,
+        })?),
+    })
+}
