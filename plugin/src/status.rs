@@ -26,7 +26,7 @@ use tessera_api::{
     },
     policy::SharingStrategy,
 };
-use tessera_gpu::backend::MigInstance;
+use tessera_gpu::backend::{GpuInfo, MigInstance};
 
 use crate::{
     checkpoint::{Checkpoint, DeviceKind},
@@ -73,162 +73,36 @@ pub struct StatusInput<'a> {
 
 /// Computes the status (pure).
 pub fn compute(input: &StatusInput<'_>, previous: &[Condition]) -> GpuNodeStatus {
-    let mut gpus = Vec::new();
-    let mut mix: BTreeMap<&'static str, u32> = BTreeMap::new();
-    let mut mig_total = 0u32;
-    for (info, offer) in input.hw.gpus.iter().zip(input.offers) {
-        let strategy = strategy_of(offer);
-        *mix.entry(strategy.as_str()).or_default() += 1;
-        let claims_on =
-            |pred: &dyn Fn(&DeviceKind) -> bool| claims_on(input.checkpoint, info.index, pred);
-        let instances: Vec<MigInstanceState> = input
-            .live
-            .get(&info.index)
-            .map(|v| {
-                v.iter()
-                    .map(|i| {
-                        let owner = input
-                            .checkpoint
-                            .mig_owner(info.index, i.start, i.profile_id)
-                            .map(|r| ClaimRef {
-                                namespace: r.namespace.clone(),
-                                name: r.name.clone(),
-                                uid: r.uid.clone(),
-                            });
-                        MigInstanceState {
-                            profile: i.profile_name.clone(),
-                            placement_start: u32::from(i.start),
-                            placement_size: u32::from(i.size),
-                            uuid: i.uuid().unwrap_or_default().to_string(),
-                            gpu_instance_id: i.gpu_instance_id,
-                            compute_instance_id: i.compute_instances.first().map_or(0, |c| c.id),
-                            origin: if owner.is_some() {
-                                InstanceOrigin::Tessera
-                            } else {
-                                InstanceOrigin::External
-                            },
-                            claim: owner,
-                        }
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        mig_total += u32::try_from(instances.len()).unwrap_or(u32::MAX);
-        let mps_clients: Vec<MpsClientState> = claims_on(&|k| matches!(k, DeviceKind::Mps { .. }))
-            .into_iter()
-            .filter_map(|(r, d)| match &d.kind {
-                DeviceKind::Mps {
-                    active_thread_percentage,
-                    pinned_memory_limit_mib,
-                    ..
-                } => Some(MpsClientState {
-                    claim: ClaimRef {
-                        namespace: r.namespace.clone(),
-                        name: r.name.clone(),
-                        uid: r.uid.clone(),
-                    },
-                    active_thread_percentage: *active_thread_percentage,
-                    pinned_memory_limit_mi_b: *pinned_memory_limit_mib,
-                }),
-                _ => None,
-            })
-            .collect();
-        let health = input.health.get(&info.index);
-        gpus.push(GpuState {
-            index: info.index,
-            uuid: info.uuid.clone(),
-            product_name: info.product_name.clone(),
-            memory_mi_b: info.memory_mib,
-            architecture: Some(info.architecture.as_str().to_string()),
-            pci_bus_id: (!info.pci_bus_id.is_empty()).then(|| info.pci_bus_id.clone()),
-            mig_capable: info.mig_capable,
-            mig_enabled: !instances.is_empty() || info.mig_enabled,
-            mig_pending_reset: info.mig_pending != info.mig_enabled,
-            strategy: Some(strategy),
-            mps: matches!(offer, GpuOffer::Mps { .. }).then(|| MpsState {
-                daemon_running: input.mps_running.get(&info.index).copied().unwrap_or(false),
-                clients: mps_clients,
-            }),
-            instances,
-            health: match health {
-                Some(h) if !h.healthy => GpuHealth::Unhealthy,
-                _ => GpuHealth::Healthy,
-            },
-            health_message: health.and_then(|h| h.message.clone()),
-        });
-    }
-    let unhealthy = gpus
+    let gpus: Vec<GpuState> = input
+        .hw
+        .gpus
         .iter()
-        .filter(|g| g.health == GpuHealth::Unhealthy)
-        .count();
-    let ready = if !input.problems.is_empty() {
+        .zip(input.offers)
+        .map(|(info, offer)| gpu_state(input, info, offer))
+        .collect();
+    let mut mix: BTreeMap<&'static str, u32> = BTreeMap::new();
+    for g in &gpus {
+        if let Some(s) = g.strategy {
+            *mix.entry(s.as_str()).or_default() += 1;
+        }
+    }
+    let mig_total: usize = gpus.iter().map(|g| g.instances.len()).sum();
+    let condition = |(kind, status, reason, message): (&str, bool, &str, String)| {
         condition(
-            types::READY,
-            false,
-            reasons::FIELDS_DROPPED,
-            &input.problems.join("; "),
-            input.observed_generation,
-            previous,
-        )
-    } else if !input.geometry.is_empty() {
-        condition(
-            types::READY,
-            false,
-            reasons::UNEXPECTED_GEOMETRY,
-            &input.geometry.join("; "),
-            input.observed_generation,
-            previous,
-        )
-    } else if unhealthy > 0 {
-        condition(
-            types::READY,
-            false,
-            reasons::GPU_UNHEALTHY,
-            &format!("{unhealthy} GPU(s) reported a fault; their devices are tainted"),
-            input.observed_generation,
-            previous,
-        )
-    } else {
-        condition(
-            types::READY,
-            true,
-            reasons::AS_EXPECTED,
-            &format!("{} GPU(s) advertised", gpus.len()),
-            input.observed_generation,
-            previous,
-        )
-    };
-    let applied = if !input.config_warnings.is_empty() {
-        condition(
-            types::APPLIED,
-            false,
-            reasons::CONFIG_NOT_APPLICABLE,
-            &input.config_warnings.join("; "),
-            input.observed_generation,
-            previous,
-        )
-    } else if !input.unavailable.is_empty() {
-        condition(
-            types::APPLIED,
-            false,
-            reasons::FOREIGN_INSTANCES,
-            &input.unavailable.join("; "),
-            input.observed_generation,
-            previous,
-        )
-    } else {
-        condition(
-            types::APPLIED,
-            true,
-            reasons::AS_EXPECTED,
-            "the published devices follow the spec",
+            kind,
+            status,
+            reason,
+            &message,
             input.observed_generation,
             previous,
         )
     };
     GpuNodeStatus {
         observed_generation: input.observed_generation,
-        conditions: vec![ready, applied],
+        conditions: vec![
+            condition(ready_condition(input, &gpus)),
+            condition(applied_condition(input)),
+        ],
         gpu_count: u32::try_from(gpus.len()).unwrap_or(u32::MAX),
         gpus,
         strategy_mix: Some(
@@ -237,7 +111,159 @@ pub fn compute(input: &StatusInput<'_>, previous: &[Condition]) -> GpuNodeStatus
                 .collect::<Vec<_>>()
                 .join(","),
         ),
-        mig_instances: mig_total,
+        mig_instances: u32::try_from(mig_total).unwrap_or(u32::MAX),
+    }
+}
+
+/// A condition before it meets the previous one: type, status, reason, message.
+type ConditionParts = (&'static str, bool, &'static str, String);
+
+/// `Ready`: the first of dropped fields, an unexpected geometry, unhealthy GPUs; else all
+/// GPUs advertised.
+fn ready_condition(input: &StatusInput<'_>, gpus: &[GpuState]) -> ConditionParts {
+    let unhealthy = gpus
+        .iter()
+        .filter(|g| g.health == GpuHealth::Unhealthy)
+        .count();
+    if !input.problems.is_empty() {
+        (
+            types::READY,
+            false,
+            reasons::FIELDS_DROPPED,
+            input.problems.join("; "),
+        )
+    } else if !input.geometry.is_empty() {
+        (
+            types::READY,
+            false,
+            reasons::UNEXPECTED_GEOMETRY,
+            input.geometry.join("; "),
+        )
+    } else if unhealthy > 0 {
+        (
+            types::READY,
+            false,
+            reasons::GPU_UNHEALTHY,
+            format!("{unhealthy} GPU(s) reported a fault; their devices are tainted"),
+        )
+    } else {
+        (
+            types::READY,
+            true,
+            reasons::AS_EXPECTED,
+            format!("{} GPU(s) advertised", gpus.len()),
+        )
+    }
+}
+
+/// `Applied`: the first of spec entries that cannot apply and foreign instances; else the
+/// devices follow the spec.
+fn applied_condition(input: &StatusInput<'_>) -> ConditionParts {
+    if !input.config_warnings.is_empty() {
+        (
+            types::APPLIED,
+            false,
+            reasons::CONFIG_NOT_APPLICABLE,
+            input.config_warnings.join("; "),
+        )
+    } else if !input.unavailable.is_empty() {
+        (
+            types::APPLIED,
+            false,
+            reasons::FOREIGN_INSTANCES,
+            input.unavailable.join("; "),
+        )
+    } else {
+        (
+            types::APPLIED,
+            true,
+            reasons::AS_EXPECTED,
+            "the published devices follow the spec".to_string(),
+        )
+    }
+}
+
+/// One GPU's entry.
+fn gpu_state(input: &StatusInput<'_>, info: &GpuInfo, offer: &GpuOffer) -> GpuState {
+    let instances = instances_of(input, info.index);
+    let health = input.health.get(&info.index);
+    GpuState {
+        index: info.index,
+        uuid: info.uuid.clone(),
+        product_name: info.product_name.clone(),
+        memory_mi_b: info.memory_mib,
+        architecture: Some(info.architecture.as_str().to_string()),
+        pci_bus_id: (!info.pci_bus_id.is_empty()).then(|| info.pci_bus_id.clone()),
+        mig_capable: info.mig_capable,
+        mig_enabled: !instances.is_empty() || info.mig_enabled,
+        mig_pending_reset: info.mig_pending != info.mig_enabled,
+        strategy: Some(strategy_of(offer)),
+        mps: matches!(offer, GpuOffer::Mps { .. }).then(|| MpsState {
+            daemon_running: input.mps_running.get(&info.index).copied().unwrap_or(false),
+            clients: mps_clients_of(input.checkpoint, info.index),
+        }),
+        instances,
+        health: match health {
+            Some(h) if !h.healthy => GpuHealth::Unhealthy,
+            _ => GpuHealth::Healthy,
+        },
+        health_message: health.and_then(|h| h.message.clone()),
+    }
+}
+
+/// The live MIG instances of a GPU, each with the claim that owns it (none: external).
+fn instances_of(input: &StatusInput<'_>, gpu: u32) -> Vec<MigInstanceState> {
+    let Some(live) = input.live.get(&gpu) else {
+        return Vec::new();
+    };
+    live.iter()
+        .map(|i| {
+            let owner = input
+                .checkpoint
+                .mig_owner(gpu, i.start, i.profile_id)
+                .map(claim_ref);
+            MigInstanceState {
+                profile: i.profile_name.clone(),
+                placement_start: u32::from(i.start),
+                placement_size: u32::from(i.size),
+                uuid: i.uuid().unwrap_or_default().to_string(),
+                gpu_instance_id: i.gpu_instance_id,
+                compute_instance_id: i.compute_instances.first().map_or(0, |c| c.id),
+                origin: if owner.is_some() {
+                    InstanceOrigin::Tessera
+                } else {
+                    InstanceOrigin::External
+                },
+                claim: owner,
+            }
+        })
+        .collect()
+}
+
+/// The MPS clients prepared on a GPU, with their limits.
+fn mps_clients_of(cp: &Checkpoint, gpu: u32) -> Vec<MpsClientState> {
+    claims_on(cp, gpu, &|k| matches!(k, DeviceKind::Mps { .. }))
+        .into_iter()
+        .filter_map(|(r, d)| match &d.kind {
+            DeviceKind::Mps {
+                active_thread_percentage,
+                pinned_memory_limit_mib,
+                ..
+            } => Some(MpsClientState {
+                claim: claim_ref(r),
+                active_thread_percentage: *active_thread_percentage,
+                pinned_memory_limit_mi_b: *pinned_memory_limit_mib,
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+fn claim_ref(r: &crate::checkpoint::ClaimRecord) -> ClaimRef {
+    ClaimRef {
+        namespace: r.namespace.clone(),
+        name: r.name.clone(),
+        uid: r.uid.clone(),
     }
 }
 
