@@ -89,7 +89,7 @@ pub trait GpuBackend: Send + Sync {
             Ok(inst) => Ok(inst),
             Err(e) => {
                 if let Err(cleanup) = self.destroy_gpu_instance(gpu, gi.gpu_instance_id) {
-                    tracing::warn!(gpu, gi = gi.gpu_instance_id, error = %cleanup,
+                    tracing::warn!(gpu, gi = gi.gpu_instance_id, error = %chain(&cleanup),
                         "could not destroy the GPU instance after its compute instance failed");
                 }
                 Err(e)

@@ -1,9 +1,11 @@
 //! Owned snapshots and errors shared by every backend.
 
-use std::{fmt, path::PathBuf};
+use std::{fmt, io, path::PathBuf, process::ExitStatus};
 
+use nvml_wrapper::error::NvmlError;
 use serde::{Deserialize, Serialize};
 
+use super::sim::{inventory::InventoryError, state::StateError};
 use crate::{catalog::Architecture, geometry::PlacementError};
 
 /// A GPU as the backend sees it.
@@ -234,6 +236,10 @@ impl fmt::Display for Operation {
 }
 
 /// What went wrong.
+///
+/// A kind with an underlying error (NVML's, the OS's, a parser's) reports it as its
+/// `source` and leaves it out of its own message, so a printer that walks the source
+/// chain shows it once. Kinds for conditions Tessera detects itself carry a message.
 #[derive(Debug, thiserror::Error)]
 pub enum ErrorKind {
     /// No GPU / instance with that id.
@@ -243,7 +249,7 @@ pub enum ErrorKind {
     #[error("insufficient resources: {0}")]
     InsufficientResources(String),
     /// The geometry refuses the placement.
-    #[error("invalid placement: {0}")]
+    #[error("invalid placement")]
     Placement(#[from] PlacementError),
     /// The GPU or instance is busy (NVML_ERROR_IN_USE).
     #[error("in use: {0}")]
@@ -254,34 +260,74 @@ pub enum ErrorKind {
     /// Bad argument.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
-    /// Needs privileges (NVML_ERROR_NO_PERMISSION).
-    #[error("permission denied: {0}")]
-    NoPermission(String),
+    /// NVML refused for lack of privileges (NVML_ERROR_NO_PERMISSION).
+    #[error("permission denied (needs root)")]
+    NoPermission(#[source] NvmlError),
     /// `libnvidia-ml.so.1` could not be loaded.
     #[error(
-        "the NVML library could not be loaded ({0}); is the NVIDIA driver installed and libnvidia-ml.so.1 on the library path?"
+        "the NVML library could not be loaded; is the NVIDIA driver installed and libnvidia-ml.so.1 on the library path?"
     )]
-    LibraryNotFound(String),
-    /// Any other driver error.
-    #[error("driver error: {0}")]
-    Driver(String),
+    LibraryNotFound(#[source] libloading::Error),
+    /// Any other NVML error.
+    #[error("driver error")]
+    Driver(#[source] NvmlError),
+    /// `nvidia-cuda-mps-control` ran but refused a command.
+    #[error(
+        "{} {command:?} failed ({status}){}",
+        super::nvml::mps::MPS_CONTROL,
+        if stderr.is_empty() { String::new() } else { format!(": {stderr}") }
+    )]
+    MpsControl {
+        /// The command sent on its stdin.
+        command: String,
+        /// How it exited.
+        status: ExitStatus,
+        /// What it printed on stderr, trimmed.
+        stderr: String,
+    },
     /// A fault injected by the simulated backend.
     #[error("injected fault: {0}")]
     Injected(String),
-    /// Reading or writing a file.
-    #[error("I/O: {0}")]
-    Io(String),
+    /// Reading or writing a file, or running a helper binary.
+    #[error("{what}")]
+    Io {
+        /// What was being done, e.g. `creating /run/tessera/mps/gpu-0/pipe`.
+        what: String,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The simulated node's inventory could not be read.
+    #[error(transparent)]
+    Inventory(#[from] InventoryError),
+    /// The simulated node's state file could not be read or written.
+    #[error(transparent)]
+    State(#[from] StateError),
+}
+
+impl ErrorKind {
+    /// An [`ErrorKind::Io`] naming what was being done.
+    pub fn io(what: impl Into<String>, source: io::Error) -> Self {
+        ErrorKind::Io {
+            what: what.into(),
+            source,
+        }
+    }
 }
 
 /// A backend error: which GPU, which operation, what went wrong.
-#[derive(Debug, thiserror::Error)]
-#[error("{operation}{}: {kind}", gpu.map(|g| format!(" on GPU {g}")).unwrap_or_default())]
+///
+/// The message is `<operation>[ on GPU <n>]: <kind>`. The kind is part of the message, so
+/// [`source`](std::error::Error::source) skips it and returns the kind's own source: a
+/// printer that walks the chain shows e.g.
+/// `create-gpu-instance on GPU 0: driver error: an internal driver error occurred`.
+#[derive(Debug)]
 pub struct BackendError {
     /// GPU index, if the operation concerned one.
     pub gpu: Option<u32>,
     /// The operation.
     pub operation: Operation,
-    /// The cause (part of the message, so not also reported as a `source`).
+    /// The cause.
     pub kind: ErrorKind,
 }
 
@@ -294,4 +340,33 @@ impl BackendError {
             kind,
         }
     }
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.operation)?;
+        if let Some(g) = self.gpu {
+            write!(f, " on GPU {g}")?;
+        }
+        write!(f, ": {}", self.kind)
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.kind)
+    }
+}
+
+/// `e` and its sources, `a: b: c`, for log lines (`Display` of an error shows only its
+/// own layer).
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
 }

@@ -35,24 +35,18 @@ use super::{
 };
 use crate::catalog::{Architecture, Engines, MigLayout, MigProfile, StartSet, find_model};
 
-/// Maps an nvml-wrapper error to our error kinds.
+/// Maps an nvml-wrapper error to our error kinds. The codes the plugin acts on become the
+/// kinds our own checks use too (`InUse`, `NotSupported`, …), named in the message; the
+/// rest keep the NVML error as their source.
 pub(crate) fn map_nvml(e: NvmlError) -> ErrorKind {
     match e {
-        NvmlError::LibloadingError(e) => ErrorKind::LibraryNotFound(e.to_string()),
-        NvmlError::LibraryNotFound => {
-            ErrorKind::LibraryNotFound("NVML_ERROR_LIBRARY_NOT_FOUND".into())
-        }
-        NvmlError::DriverNotLoaded => {
-            ErrorKind::Driver("the NVIDIA kernel driver is not loaded".into())
-        }
+        NvmlError::LibloadingError(e) => ErrorKind::LibraryNotFound(e),
         NvmlError::FailedToLoadSymbol(s) => {
             ErrorKind::NotSupported(format!("symbol missing from NVML: {s}"))
         }
         NvmlError::NotSupported => ErrorKind::NotSupported("NVML_ERROR_NOT_SUPPORTED".into()),
         NvmlError::InvalidArg => ErrorKind::InvalidArgument("NVML_ERROR_INVALID_ARGUMENT".into()),
-        NvmlError::NoPermission => {
-            ErrorKind::NoPermission("NVML_ERROR_NO_PERMISSION (needs root)".into())
-        }
+        NvmlError::NoPermission => ErrorKind::NoPermission(e),
         NvmlError::NotFound => ErrorKind::NotFound("NVML_ERROR_NOT_FOUND".into()),
         NvmlError::InUse => ErrorKind::InUse("NVML_ERROR_IN_USE".into()),
         NvmlError::ResetRequired => {
@@ -61,7 +55,7 @@ pub(crate) fn map_nvml(e: NvmlError) -> ErrorKind {
         NvmlError::UnexpectedVariant(23) => {
             ErrorKind::InsufficientResources("NVML_ERROR_INSUFFICIENT_RESOURCES".into())
         }
-        other => ErrorKind::Driver(other.to_string()),
+        other => ErrorKind::Driver(other),
     }
 }
 
@@ -490,6 +484,13 @@ mod tests {
         assert_eq!(err.operation, Operation::Init);
         assert!(matches!(err.kind, ErrorKind::LibraryNotFound(_)), "{err}");
         assert!(err.to_string().contains("libnvidia-ml.so.1"), "{err}");
+        // dlopen's own message comes once, as the source.
+        let chain = crate::backend::chain(&err);
+        assert_eq!(
+            chain.matches("/nonexistent/libnvidia-ml.so.1").count(),
+            1,
+            "{chain}"
+        );
     }
 
     #[test]
@@ -509,5 +510,22 @@ mod tests {
             ErrorKind::InsufficientResources(_)
         ));
         assert!(matches!(map_nvml(NvmlError::InUse), ErrorKind::InUse(_)));
+    }
+
+    #[test]
+    fn other_nvml_errors_are_the_source_and_are_printed_once() {
+        let err = BackendError::new(
+            0,
+            Operation::CreateGpuInstance,
+            map_nvml(NvmlError::Unknown),
+        );
+        assert!(matches!(&err.kind, ErrorKind::Driver(NvmlError::Unknown)));
+        assert_eq!(
+            crate::backend::chain(&err),
+            format!(
+                "create-gpu-instance on GPU 0: driver error: {}",
+                NvmlError::Unknown
+            )
+        );
     }
 }

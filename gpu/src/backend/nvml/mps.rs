@@ -32,18 +32,20 @@ fn control(config: &MpsDaemonConfig, command: &str) -> Result<String, ErrorKind>
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| ErrorKind::Io(format!("running {MPS_CONTROL}: {e}")))?;
+        .map_err(|e| ErrorKind::io(format!("running {MPS_CONTROL}"), e))?;
     if let Some(mut stdin) = child.stdin.take() {
-        writeln!(stdin, "{command}").map_err(|e| ErrorKind::Io(e.to_string()))?;
+        writeln!(stdin, "{command}")
+            .map_err(|e| ErrorKind::io(format!("sending {command:?} to {MPS_CONTROL}"), e))?;
     }
     let out = child
         .wait_with_output()
-        .map_err(|e| ErrorKind::Io(e.to_string()))?;
+        .map_err(|e| ErrorKind::io(format!("waiting for {MPS_CONTROL} {command:?}"), e))?;
     if !out.status.success() {
-        return Err(ErrorKind::Driver(format!(
-            "{MPS_CONTROL} {command:?}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
+        return Err(ErrorKind::MpsControl {
+            command: command.to_string(),
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -72,7 +74,7 @@ impl Mps {
         }
         for dir in [&config.pipe_dir, &config.log_dir] {
             std::fs::create_dir_all(dir)
-                .map_err(|e| ErrorKind::Io(format!("{}: {e}", dir.display())))?;
+                .map_err(|e| ErrorKind::io(format!("creating {}", dir.display()), e))?;
         }
         let child = Command::new(MPS_CONTROL)
             .arg("-f")
@@ -83,22 +85,20 @@ impl Mps {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| ErrorKind::Io(format!("starting {MPS_CONTROL}: {e}")))?;
+            .map_err(|e| ErrorKind::io(format!("starting {MPS_CONTROL} -f"), e))?;
         let pid = child.id();
         // The daemon must outlive a plugin restart, so the child is not waited for here.
         drop(child);
-        // The control socket appears asynchronously; retry briefly.
-        let mut ready = Err(ErrorKind::Driver(
-            "MPS control daemon did not answer".into(),
-        ));
-        for _ in 0..50 {
-            ready = control(config, "get_server_list");
-            if ready.is_ok() {
-                break;
+        // The control socket appears asynchronously; retry briefly, then report why the
+        // last try failed.
+        let mut tries = 1;
+        while let Err(e) = control(config, "get_server_list") {
+            if tries == 50 {
+                return Err(e);
             }
+            tries += 1;
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
-        ready?;
         if let Some(p) = config.default_active_thread_percentage {
             control(config, &format!("set_default_active_thread_percentage {p}"))?;
         }

@@ -13,10 +13,12 @@ use tokio::sync::broadcast;
 use super::{
     Faults, Inventory, SimComputeInstance, SimGpu, SimGpuInstance, SimLatencies, SimState, faults,
     mig::{layout_of, mig_uuid, occupancy_of},
-    state,
+    state::{self, StateError},
 };
 use crate::{
-    backend::{BackendError, ComputeMode, ErrorKind, HealthEvent, HealthEventKind, Operation},
+    backend::{
+        BackendError, ComputeMode, ErrorKind, HealthEvent, HealthEventKind, Operation, chain,
+    },
     catalog::find_model,
     geometry::Placement,
 };
@@ -33,14 +35,17 @@ pub(super) struct Inner {
 
 impl Inner {
     /// Publishes the MIG capability files of the current instances (see [`super::caps`]).
-    pub(super) fn publish_caps(&self) -> Result<(), String> {
+    pub(super) fn publish_caps(&self) -> Result<(), ErrorKind> {
         let Some(root) = &self.caps_root else {
             return Ok(());
         };
         super::caps::publish(root, &self.state).map_err(|e| {
-            format!(
-                "publishing MIG capability files under {}: {e} (point --nvidia-caps-root at a writable directory for the simulated backend)",
-                root.display()
+            ErrorKind::io(
+                format!(
+                    "publishing MIG capability files under {} (point --nvidia-caps-root at a writable directory for the simulated backend)",
+                    root.display()
+                ),
+                e,
             )
         })
     }
@@ -135,7 +140,7 @@ impl Inner {
             .ok_or_else(|| ErrorKind::NotFound(format!("no GPU with index {index}")))
     }
 
-    pub(super) fn save(&self) -> std::io::Result<()> {
+    pub(super) fn save(&self) -> Result<(), StateError> {
         match &self.state_path {
             Some(p) => state::save_state(p, &self.state),
             None => Ok(()),
@@ -197,7 +202,7 @@ impl Inner {
             if ev.kind == HealthEventKind::GpuLost {
                 g.lost = true;
                 if let Err(e) = self.save() {
-                    tracing::warn!(error = %e, "could not save simulated state");
+                    tracing::warn!(error = %chain(&e), "could not save simulated state");
                 }
             }
         }

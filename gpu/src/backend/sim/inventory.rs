@@ -99,7 +99,7 @@ impl LatencySpec {
 #[derive(Debug, thiserror::Error)]
 pub enum InventoryError {
     /// File could not be read.
-    #[error("reading inventory {path}: {source}")]
+    #[error("reading inventory {path}")]
     Read {
         /// The file.
         path: String,
@@ -107,7 +107,7 @@ pub enum InventoryError {
         source: std::io::Error,
     },
     /// YAML is malformed.
-    #[error("parsing inventory: {0}")]
+    #[error("parsing inventory")]
     Parse(#[from] serde_yaml::Error),
 }
 

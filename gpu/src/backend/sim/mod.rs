@@ -27,6 +27,7 @@ use std::{
     time::Duration,
 };
 
+use nvml_wrapper::error::NvmlError;
 use tokio::sync::broadcast;
 
 pub use self::{
@@ -74,9 +75,7 @@ impl SimBackend {
             .or_else(|| config.inventory.latencies.as_ref().map(|l| l.resolve()))
             .unwrap_or_default();
         let loaded = match &config.state_path {
-            Some(p) => state::load_state(p).map_err(|e| {
-                init_err(ErrorKind::Io(format!("reading state {}: {e}", p.display())))
-            })?,
+            Some(p) => state::load_state(p).map_err(|e| init_err(e.into()))?,
             None => None,
         };
         let fresh = loaded.is_none();
@@ -101,13 +100,9 @@ impl SimBackend {
             caps_root: config.caps_root,
         };
         if fresh {
-            inner
-                .save()
-                .map_err(|e| init_err(ErrorKind::Io(format!("writing state: {e}"))))?;
+            inner.save().map_err(|e| init_err(e.into()))?;
         }
-        inner
-            .publish_caps()
-            .map_err(|e| init_err(ErrorKind::Io(e)))?;
+        inner.publish_caps().map_err(init_err)?;
         let poll = inner.faults_path.is_some();
         let inner = Arc::new(Mutex::new(inner));
         if poll {
@@ -136,8 +131,7 @@ impl SimBackend {
         state_path: Option<&Path>,
         caps_root: Option<&Path>,
     ) -> Result<Self, BackendError> {
-        let inventory = Inventory::from_file(inventory)
-            .map_err(|e| init_err(ErrorKind::InvalidArgument(e.to_string())))?;
+        let inventory = Inventory::from_file(inventory).map_err(|e| init_err(e.into()))?;
         Self::new(SimConfig {
             inventory,
             state_path: state_path.map(Path::to_path_buf),
@@ -204,9 +198,8 @@ impl SimBackend {
         if let Some(g) = gpu
             && inner.gpu(g).map_err(err)?.lost
         {
-            return Err(err(ErrorKind::Driver(
-                "GPU is lost (fell off the bus)".into(),
-            )));
+            // What NVML answers for a GPU that fell off the bus.
+            return Err(err(ErrorKind::Driver(NvmlError::GpuLost)));
         }
         let delay = inner.latencies.of(op);
         if delay > Duration::ZERO {
@@ -218,15 +211,9 @@ impl SimBackend {
         if let Some(before) = before {
             if let Err(e) = inner.save() {
                 inner.state = before;
-                return Err(BackendError::new(
-                    gpu,
-                    Operation::SaveState,
-                    ErrorKind::Io(e.to_string()),
-                ));
+                return Err(BackendError::new(gpu, Operation::SaveState, e.into()));
             }
-            inner
-                .publish_caps()
-                .map_err(|e| BackendError::new(gpu, op, ErrorKind::Io(e)))?;
+            inner.publish_caps().map_err(err)?;
             if inner.take_abort(op, gpu) {
                 tracing::error!(%op, ?gpu, "aborting the process after this operation, as injected");
                 std::process::abort();

@@ -3,8 +3,8 @@
 
 use std::{
     fs::{self, File},
-    io::Write,
-    path::Path,
+    io::{self, Write},
+    path::{Path, PathBuf},
 };
 
 use serde::{Deserialize, Serialize};
@@ -112,19 +112,72 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     fs::rename(&tmp, path)
 }
 
+/// Why a state file could not be loaded or saved.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The file exists but could not be read.
+    #[error("reading simulated state {}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The file is not a state of this format.
+    #[error("parsing simulated state {}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The state could not be turned into JSON.
+    #[error("serialising simulated state for {}", path.display())]
+    Serialize {
+        /// The file it was for.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The file could not be written.
+    #[error("writing simulated state {}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
 /// Loads a state file; `Ok(None)` when it does not exist.
-pub fn load_state(path: &Path) -> std::io::Result<Option<SimState>> {
+pub fn load_state(path: &Path) -> Result<Option<SimState>, StateError> {
     match fs::read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
-            .map_err(std::io::Error::other),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
+            .map_err(|source| StateError::Parse {
+                path: path.to_path_buf(),
+                source,
+            }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(StateError::Read {
+            path: path.to_path_buf(),
+            source,
+        }),
     }
 }
 
 /// Saves a state file atomically.
-pub fn save_state(path: &Path, state: &SimState) -> std::io::Result<()> {
-    let json = serde_json::to_vec_pretty(state).map_err(std::io::Error::other)?;
-    write_atomic(path, &json)
+pub fn save_state(path: &Path, state: &SimState) -> Result<(), StateError> {
+    let json = serde_json::to_vec_pretty(state).map_err(|source| StateError::Serialize {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    write_atomic(path, &json).map_err(|source| StateError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
 }

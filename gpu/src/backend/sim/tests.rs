@@ -299,7 +299,37 @@ fn health_events_reach_subscribers_in_process_and_from_the_fault_file() {
     let ev = rx.blocking_recv().unwrap();
     assert_eq!((ev.gpu, ev.kind), (1, HealthEventKind::GpuLost));
     let err = s.mps_state(1).unwrap_err();
-    assert!(matches!(err.kind, ErrorKind::Driver(_)), "{err}");
+    assert!(
+        matches!(err.kind, ErrorKind::Driver(NvmlError::GpuLost)),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_corrupt_state_file_is_named_with_the_parse_error_as_its_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.json");
+    std::fs::write(&path, "{not json").unwrap();
+    let err = SimBackend::new(SimConfig {
+        state_path: Some(path.clone()),
+        latencies: Some(SimLatencies::zero()),
+        ..SimConfig::default()
+    })
+    .err()
+    .expect("a corrupt state file must fail");
+    let ErrorKind::State(state::StateError::Parse {
+        path: named,
+        source,
+    }) = &err.kind
+    else {
+        panic!("{err:?}");
+    };
+    assert_eq!(named, &path);
+    // Each layer once: ours, then serde_json's.
+    assert_eq!(
+        crate::backend::chain(&err),
+        format!("init: parsing simulated state {}: {source}", path.display())
+    );
 }
 
 /// The part of [`an_abort_fault_kills_the_process_after_the_operation`] that runs in a
