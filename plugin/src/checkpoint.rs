@@ -15,19 +15,21 @@
 //! never destroyed.
 //!
 //! One file per claim (`<state dir>/claims/<uid>.json`), so a write costs the same with
-//! one prepared claim as with a thousand. Every write is atomic (temp file, rename): a crash
-//! leaves the old or the new record, never a torn one.
+//! one prepared claim as with a thousand. Every write is atomic (temp file, rename): a plugin
+//! crash leaves the old or the new record, never a torn one.
 //!
 //! Every record carries the node's boot ID: what it describes (MIG instances, MPS daemons,
 //! CDI specs on tmpfs) does not survive a reboot, so a record of an earlier boot is void
 //! and forgotten without touching the hardware.
 //!
-//! Only the `PrepareStarted` write-ahead record is fsynced (before any hardware is
-//! touched). A `PrepareCompleted` record means something only with its CDI spec on tmpfs:
-//! a plugin crash loses neither, a node crash voids both, so an fsync there would protect
-//! nothing while the kubelet waits. A record a node crash left torn is therefore possible;
-//! it is moved aside (`<uid>.json.unreadable`) and reported, never a reason not to start,
-//! and the instance it described is treated as not Tessera's (reported, never destroyed).
+//! No record is fsynced while the boot ID is known. What a record describes lives in
+//! memory that the same events wipe: a plugin crash loses no written page (the kernel
+//! holds it), and what loses pages (a kernel crash, a power cut) reboots the node, which
+//! takes the instances, daemons and CDI specs with it and voids every record of that boot.
+//! So an fsync would protect nothing while the kubelet waits. A record such a crash left
+//! torn is moved aside (`<uid>.json.unreadable`) and reported, never a reason not to
+//! start. Without a boot ID records cannot be voided by boot, and the write-ahead record is
+//! fsynced before any hardware is touched.
 
 use std::{
     collections::BTreeMap,
@@ -348,8 +350,8 @@ impl CheckpointStore {
         Ok(cp)
     }
 
-    /// Writes one claim's record atomically; a `PrepareStarted` record's content is on
-    /// disk before its name is (see the module docs for why only that one).
+    /// Writes one claim's record atomically. Without a boot ID a `PrepareStarted`
+    /// record's content is on disk before its name is (see the module docs).
     pub fn save_claim(&self, claim: &ClaimRecord) -> Result<()> {
         fs::create_dir_all(&self.dir).map_err(|s| self.io("creating", &self.dir, s))?;
         let path = self.claim_path(&claim.uid);
@@ -367,7 +369,7 @@ impl CheckpointStore {
             File::create(&tmp).map_err(|s| self.io("creating a temp file for", &path, s))?;
         f.write_all(&text)
             .map_err(|s| self.io("writing", &tmp, s))?;
-        if claim.phase == ClaimPhase::PrepareStarted {
+        if claim.phase == ClaimPhase::PrepareStarted && self.boot_id.is_none() {
             f.sync_all().map_err(|s| self.io("syncing", &tmp, s))?;
         }
         drop(f);

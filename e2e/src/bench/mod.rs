@@ -48,8 +48,8 @@ const INVENTORY: &str = "gpus: [{model: l4}]\nlatencies: zero\n";
 const MPS_DEVICE: &str = "gpu-0-mps";
 /// Everything the control plane has to do in the set-up (slices appearing) is bounded by this.
 const SETUP_WAIT: Duration = Duration::from_secs(90);
-/// Targets from the issue: prepare overhead p99 and publish (build + API writes) p99.
-const PREPARE_P99_TARGET: Duration = Duration::from_millis(5);
+/// Targets: prepare overhead p99 and publish (build + API writes) p99.
+const PREPARE_P99_TARGET: Duration = Duration::from_micros(1500);
 const PUBLISH_P99_TARGET: Duration = Duration::from_millis(50);
 
 /// The control plane's default niceness in the benchmark (see [`Options::control_plane_nice`]).
@@ -215,7 +215,7 @@ pub async fn plugin_overhead(
     metrics.push(durable_write(&node.state_dir(), per_claim, 100)?);
 
     progress(&format!(
-        "slices of an 8-GPU H100 node: {} builds, {} one-slice publishes, {} full ones",
+        "slices of an 8-GPU H100 node: {} builds, {} one-slice publishes, {} each of full republishes, resyncs and republishes after a wipe",
         opts.build_iterations,
         opts.publish_rounds,
         (opts.publish_rounds / 5).max(1)

@@ -4,7 +4,11 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
-use kube::{Client, ResourceExt};
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, ListParams},
+};
 use tessera_api::constants::DRIVER_NAME;
 use tessera_gpu::{MigLayout, Occupancy, Placement, backend::GpuInfo, find_model};
 use tessera_plugin::slices::{GpuOffer, GpuView, build_pool, publish::Publisher};
@@ -27,7 +31,7 @@ pub(super) struct H100x8 {
     layout: &'static MigLayout,
     offer: GpuOffer,
     empty: Occupancy,
-    /// GPU 0 with one 1g instance: alternating it with `empty` makes every publish write.
+    /// One 1g instance: alternating it with `empty` on a GPU makes every publish write.
     one_instance: Occupancy,
 }
 
@@ -68,6 +72,11 @@ impl H100x8 {
 
     /// The pool with GPU 0 empty or holding one instance.
     fn pool(&self, gpu0_busy: bool) -> tessera_plugin::slices::DesiredPool {
+        self.pool_with(|gpu| gpu0_busy && gpu == 0)
+    }
+
+    /// The pool with the GPUs `busy` says holding one instance each.
+    fn pool_with(&self, busy: impl Fn(u32) -> bool) -> tessera_plugin::slices::DesiredPool {
         let views: Vec<GpuView<'_>> = self
             .infos
             .iter()
@@ -75,7 +84,7 @@ impl H100x8 {
                 info,
                 layout: Some(self.layout),
                 offer: &self.offer,
-                occupancy: if gpu0_busy && info.index == 0 {
+                occupancy: if busy(info.index) {
                     &self.one_instance
                 } else {
                     &self.empty
@@ -101,10 +110,14 @@ impl H100x8 {
     ///
     /// - The first publish creates the slices and is reported on its own.
     /// - `rounds` publishes after a prepare or unprepare: each alternates GPU 0's
-    ///   occupancy, which reorders that GPU's placements, so exactly one slice (18 KB, 26
-    ///   devices) is updated in place. This is the publish the target is about.
-    /// - `rounds / 5` full republishes, as after a `GpuNode.spec` change or a resync:
-    ///   list, then all nine slices updated concurrently under a new pool generation.
+    ///   occupancy, which reorders that GPU's placements, so exactly one slice (26
+    ///   devices) is updated in place.
+    /// - Then `rounds / 5` each of: a spec change of every GPU (each GPU's slice changes,
+    ///   no device moves: eight updates in place, no list); GPUs trading positions
+    ///   (devices move between slices: nine updates under a new generation); a restarted
+    ///   plugin finding its slices up to date (a list, no write); a resync that finds one
+    ///   slice out of date (a list, one update); and a republish after the kubelet wiped
+    ///   the slices (a list, nine creates).
     pub(super) async fn publish(
         &self,
         client: &Client,
@@ -129,21 +142,96 @@ impl H100x8 {
         );
         #[allow(clippy::cast_precision_loss)]
         let server_mean = Duration::from_secs_f64((after.0 - before.0).max(0.0) / updates as f64);
-        let full_rounds = (rounds / 5).max(1);
-        let mut full = Vec::with_capacity(full_rounds);
-        for round in 0..full_rounds {
+        let other_rounds = (rounds / 5).max(1);
+        // A spec change of every GPU: every device slice changes, none moves.
+        let every_gpu = self
+            .rounds(&mut publisher, other_rounds, |round| {
+                let busy = round % 2 == 0;
+                self.pool_with(|_| busy)
+            })
+            .await?;
+        // GPU 7 and GPU 0 trade the first position: devices move between slices.
+        let reorder = self
+            .rounds(&mut publisher, other_rounds, |round| {
+                let first = if round % 2 == 0 { 7 } else { 0 };
+                self.pool_with(|gpu| gpu == first)
+            })
+            .await?;
+        let mut startup = Vec::with_capacity(other_rounds);
+        let mut resync = Vec::with_capacity(other_rounds);
+        for round in 0..other_rounds {
+            // A restarted plugin: the slices it finds are already right.
             publisher.invalidate();
-            full.push(self.publish_once(&mut publisher, round % 2 == 0).await?);
+            let started = Instant::now();
+            let outcome = publisher.publish(&self.pool(round % 2 == 1)).await?;
+            startup.push(started.elapsed());
+            ensure!(
+                !outcome.changed,
+                "a restart republished slices that were up to date"
+            );
+            publisher.invalidate();
+            resync.push(self.publish_once(&mut publisher, round % 2 == 0).await?);
+        }
+        let api: Api<ResourceSlice> = Api::all(client.clone());
+        let mut wiped = Vec::with_capacity(other_rounds);
+        for round in 0..other_rounds {
+            // What the kubelet does at start-up: delete every slice of its node.
+            api.delete_collection(
+                &DeleteParams::default(),
+                &ListParams::default().fields(&format!("spec.nodeName={PUBLISH_NODE}")),
+            )
+            .await?;
+            publisher.invalidate();
+            wiped.push(self.publish_once(&mut publisher, round % 2 == 0).await?);
         }
         Ok(PublishFigures {
             metrics: vec![
                 Metric::new("slices: first publish (creates)", &[first], None),
                 Metric::new("slices: build + publish (one slice)", &samples, None)
                     .with_target(PUBLISH_P99_TARGET),
-                Metric::new("slices: build + full republish (9 slices)", &full, None),
+                Metric::new(
+                    "slices: spec change of every GPU (8 slices in place)",
+                    &every_gpu,
+                    None,
+                )
+                .with_target(PUBLISH_P99_TARGET),
+                Metric::new(
+                    "slices: GPUs reordered (9 slices, new generation)",
+                    &reorder,
+                    None,
+                ),
+                Metric::new(
+                    "slices: restart, slices up to date (list only)",
+                    &startup,
+                    None,
+                )
+                .with_target(PUBLISH_P99_TARGET),
+                Metric::new("slices: resync (list + one slice)", &resync, None),
+                Metric::new("slices: after a wipe (list + 9 creates)", &wiped, None)
+                    .with_target(PUBLISH_P99_TARGET),
             ],
             server_mean,
         })
+    }
+
+    /// `rounds` timed publishes of the pools `pool(round)` builds, each expected to write.
+    async fn rounds(
+        &self,
+        publisher: &mut Publisher,
+        rounds: usize,
+        pool: impl Fn(usize) -> tessera_plugin::slices::DesiredPool,
+    ) -> anyhow::Result<Vec<Duration>> {
+        let mut samples = Vec::with_capacity(rounds);
+        for round in 0..rounds {
+            let started = Instant::now();
+            let outcome = publisher.publish(&pool(round)).await?;
+            samples.push(started.elapsed());
+            ensure!(
+                outcome.changed,
+                "a publish wrote nothing; the bench would time a no-op"
+            );
+        }
+        Ok(samples)
     }
 
     async fn publish_once(

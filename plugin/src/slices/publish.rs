@@ -92,43 +92,51 @@ impl Publisher {
 
     /// Makes the API server hold exactly `desired`. Cheap when nothing changed.
     ///
-    /// When exactly one slice changed (a prepare on one GPU whose position did not move) it
-    /// is updated in place under the same pool generation, as the Go controller does; any
-    /// other change writes every slice under a new generation, so the scheduler never
-    /// mixes old and new slices. Slices are written concurrently: the cost of a publish is
-    /// the API server's, one round trip per slice.
+    /// Only what differs from what the API server holds is written: slices that changed
+    /// without moving devices between them (a prepare on one GPU, a spec change of some
+    /// GPUs) are updated in place under the same pool generation; any other change writes
+    /// every slice under a new generation, so the scheduler never mixes old and new slices
+    /// (see [`plan`]). What the API server
+    /// holds is known from our own last writes; only when that is forgotten (at start-up,
+    /// after the kubelet wiped the slices, on a resync) is it listed first. Slices are
+    /// written concurrently: the cost of a publish is the API server's.
     pub async fn publish(&mut self, desired: &DesiredPool) -> Result<Outcome, Error> {
-        if let Some((last, generation)) = &self.last {
-            if last == desired {
-                return Ok(Outcome {
-                    generation: *generation,
+        let Some((last, generation)) = &self.last else {
+            return self.publish_unknown(desired).await;
+        };
+        if last == desired {
+            return Ok(Outcome {
+                generation: *generation,
+                changed: false,
+                dropped_fields: vec![],
+            });
+        }
+        let generation = *generation;
+        let before = self.render(last, generation);
+        let after = self.render(desired, generation);
+        match plan(&before, &after) {
+            Plan::Unchanged => {
+                self.last = Some((desired.clone(), generation));
+                Ok(Outcome {
+                    generation,
                     changed: false,
                     dropped_fields: vec![],
-                });
+                })
             }
-            let generation = *generation;
-            let before = self.render(last, generation);
-            let after = self.render(desired, generation);
-            let same_names = before
-                .iter()
-                .map(ResourceExt::name_any)
-                .eq(after.iter().map(ResourceExt::name_any));
-            let changed: Vec<&ResourceSlice> = after
-                .iter()
-                .zip(&before)
-                .filter(|(a, b)| a.spec != b.spec)
-                .map(|(a, _)| a)
-                .collect();
-            if same_names && changed.len() == 1 {
-                let dropped = self.write_all(&changed).await?;
-                self.last = Some((desired.clone(), generation));
-                return Ok(Outcome {
-                    generation,
-                    changed: true,
-                    dropped_fields: dropped,
-                });
+            Plan::InPlace(changed) => {
+                self.update_in_place(desired, &after, &changed, generation)
+                    .await
+            }
+            Plan::NewGeneration => {
+                let held: Vec<String> = before.iter().map(ResourceExt::name_any).collect();
+                self.replace_pool(desired, generation + 1, held).await
             }
         }
+    }
+
+    /// [`Publisher::publish`] when what the API server holds is not known: list it, then
+    /// write what differs.
+    async fn publish_unknown(&mut self, desired: &DesiredPool) -> Result<Outcome, Error> {
         let existing = self
             .api
             .list(&ListParams::default().fields(&format!(
@@ -141,44 +149,102 @@ impl Publisher {
                 name: "*".into(),
                 source,
             })?;
+        let mut existing = existing.items;
+        existing.sort_by_key(ResourceExt::name_any);
         self.versions = existing
-            .items
             .iter()
             .filter_map(|s| Some((s.name_any(), s.resource_version()?)))
             .collect();
         self.uids = existing
-            .items
             .iter()
             .filter_map(|s| Some((s.name_any(), s.uid()?)))
             .collect();
         let generation = existing
-            .items
             .iter()
             .map(|s| s.spec.pool.generation)
             .max()
-            .unwrap_or(0)
-            + 1;
+            .unwrap_or(0);
+        let held: Vec<String> = existing.iter().map(ResourceExt::name_any).collect();
+        // What is there counts only as one complete pool of one generation; anything else
+        // (a half-written pool, slices of two generations) is replaced whole.
+        let complete = !existing.is_empty()
+            && existing.iter().all(|s| {
+                s.spec.pool.generation == generation
+                    && usize::try_from(s.spec.pool.resource_slice_count).ok()
+                        == Some(existing.len())
+            });
+        if complete {
+            let mut after = self.render(desired, generation);
+            after.sort_by_key(ResourceExt::name_any);
+            match plan(&existing, &after) {
+                Plan::Unchanged => {
+                    info!(node = %self.node_name, generation, slices = after.len(), "the published ResourceSlices are up to date");
+                    self.last = Some((desired.clone(), generation));
+                    return Ok(Outcome {
+                        generation,
+                        changed: false,
+                        dropped_fields: vec![],
+                    });
+                }
+                Plan::InPlace(changed) => {
+                    return self
+                        .update_in_place(desired, &after, &changed, generation)
+                        .await;
+                }
+                Plan::NewGeneration => {}
+            }
+        }
+        self.replace_pool(desired, generation + 1, held).await
+    }
+
+    /// Updates the slices at `changed` of `rendered`, under the same generation.
+    async fn update_in_place(
+        &mut self,
+        desired: &DesiredPool,
+        rendered: &[ResourceSlice],
+        changed: &[usize],
+        generation: i64,
+    ) -> Result<Outcome, Error> {
+        let slices: Vec<&ResourceSlice> = changed.iter().map(|i| &rendered[*i]).collect();
+        let mut dropped = self.write_all(&slices).await?;
+        dropped.sort();
+        dropped.dedup();
+        self.last = Some((desired.clone(), generation));
+        Ok(Outcome {
+            generation,
+            changed: true,
+            dropped_fields: dropped,
+        })
+    }
+
+    /// Writes every slice of `desired` under `generation`, then deletes those of `held`
+    /// the pool no longer has.
+    async fn replace_pool(
+        &mut self,
+        desired: &DesiredPool,
+        generation: i64,
+        held: Vec<String>,
+    ) -> Result<Outcome, Error> {
         let slices = self.render(desired, generation);
         let mut dropped = self.write_all(&slices.iter().collect::<Vec<_>>()).await?;
         let keep: BTreeSet<String> = slices.iter().map(ResourceExt::name_any).collect();
-        for old in existing.items {
-            let name = old.name_any();
-            if !keep.contains(&name) {
-                match self.api.delete(&name, &DeleteParams::default()).await {
-                    Ok(_) => {
-                        self.versions.remove(&name);
-                        self.uids.remove(&name);
-                    }
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(source) => {
-                        return Err(Error::Kube {
-                            action: "deleting",
-                            name,
-                            source,
-                        });
-                    }
-                }
+        let obsolete: Vec<String> = held.into_iter().filter(|n| !keep.contains(n)).collect();
+        let api = &self.api;
+        let deletes = obsolete.iter().map(|name| async move {
+            match api.delete(name, &DeleteParams::default()).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                Err(source) => Err(Error::Kube {
+                    action: "deleting",
+                    name: name.clone(),
+                    source,
+                }),
             }
+        });
+        futures::future::try_join_all(deletes).await?;
+        for name in &obsolete {
+            self.versions.remove(name);
+            self.uids.remove(name);
         }
         dropped.sort();
         dropped.dedup();
@@ -333,6 +399,72 @@ impl Publisher {
             spec,
         }
     }
+}
+
+/// How to go from the slices held to the slices wanted, both rendered under the held
+/// generation and sorted by name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Plan {
+    /// They are the same.
+    Unchanged,
+    /// Only the device slices at these indices of `wanted` differ, and can be updated in
+    /// place under the same generation.
+    InPlace(Vec<usize>),
+    /// A new generation: every slice is written.
+    NewGeneration,
+}
+
+/// Updating several slices in place is as safe as the one-slice update the Go controller
+/// makes, when every mix of old and new slices the scheduler may see on the way is a
+/// valid pool, as after a sequence of one-slice updates: the set of slices stays the
+/// same, the counter slices do not change (every counter set a device consumes exists
+/// throughout), and no device moves from one slice to another (so no name is ever in two
+/// slices). Anything else gets a new generation, which the scheduler only uses once
+/// complete.
+fn plan(held: &[ResourceSlice], wanted: &[ResourceSlice]) -> Plan {
+    let same_names = held
+        .iter()
+        .map(ResourceExt::name_any)
+        .eq(wanted.iter().map(ResourceExt::name_any));
+    if !same_names {
+        return Plan::NewGeneration;
+    }
+    let changed: Vec<usize> = wanted
+        .iter()
+        .zip(held)
+        .enumerate()
+        .filter(|(_, (w, h))| w.spec != h.spec)
+        .map(|(i, _)| i)
+        .collect();
+    match changed.len() {
+        0 => return Plan::Unchanged,
+        1 => return Plan::InPlace(changed),
+        _ => {}
+    }
+    let counters_changed = changed.iter().any(|i| {
+        held[*i].spec.shared_counters.is_some() || wanted[*i].spec.shared_counters.is_some()
+    });
+    if counters_changed || devices_move(held, wanted) {
+        return Plan::NewGeneration;
+    }
+    Plan::InPlace(changed)
+}
+
+/// Whether some device is in one slice of `held` and another of `wanted`.
+fn devices_move(held: &[ResourceSlice], wanted: &[ResourceSlice]) -> bool {
+    let mut home: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, s) in held.iter().enumerate() {
+        for d in s.spec.devices.iter().flatten() {
+            home.insert(&d.name, i);
+        }
+    }
+    wanted.iter().enumerate().any(|(i, s)| {
+        s.spec
+            .devices
+            .iter()
+            .flatten()
+            .any(|d| home.get(d.name.as_str()).is_some_and(|h| *h != i))
+    })
 }
 
 /// Fields present in what we sent but absent in what was stored.

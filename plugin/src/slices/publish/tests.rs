@@ -238,3 +238,69 @@ async fn an_empty_pool_renders_one_empty_slice() {
     assert_eq!(slices[0].spec.pool.resource_slice_count, 1);
     assert_eq!(slices[0].spec.devices.as_deref(), Some(&[][..]));
 }
+
+fn named(name: &str, devices: &[&str]) -> ResourceSlice {
+    let mut s = slice(
+        Some(devices.iter().map(|d| gated_device(d)).collect()),
+        None,
+    );
+    s.metadata.name = Some(name.into());
+    s
+}
+
+#[test]
+fn the_same_slices_need_no_write() {
+    let held = [named("a", &["d0"]), named("b", &["d1"])];
+    assert_eq!(plan(&held, &held.clone()), Plan::Unchanged);
+}
+
+#[test]
+fn one_changed_slice_is_updated_in_place() {
+    let held = [named("a", &["d0"]), named("b", &["d1"])];
+    let wanted = [named("a", &["d0"]), named("b", &["d1", "d2"])];
+    assert_eq!(plan(&held, &wanted), Plan::InPlace(vec![1]));
+}
+
+#[test]
+fn several_changed_device_slices_are_updated_in_place_when_no_device_moves() {
+    let held = [
+        named("a", &["d0"]),
+        named("b", &["d1"]),
+        named("c", &["d2"]),
+    ];
+    let wanted = [
+        named("a", &["d0", "d3"]),
+        named("b", &["d1"]),
+        named("c", &[]),
+    ];
+    assert_eq!(plan(&held, &wanted), Plan::InPlace(vec![0, 2]));
+}
+
+#[test]
+fn a_device_moving_to_another_slice_needs_a_new_generation() {
+    // Mid-update the scheduler could see d1 in both slices: an invalid pool.
+    let held = [named("a", &["d0"]), named("b", &["d1"])];
+    let wanted = [named("a", &["d0", "d1"]), named("b", &["d4"])];
+    assert_eq!(plan(&held, &wanted), Plan::NewGeneration);
+}
+
+#[test]
+fn a_changed_counter_slice_with_another_change_needs_a_new_generation() {
+    // Devices could meet a counter set that is not there yet, or no longer.
+    let counters = |sets: Vec<CounterSet>| {
+        let mut s = slice(None, Some(sets));
+        s.metadata.name = Some("a-counters".into());
+        s
+    };
+    let held = [counters(counter_sets()), named("b", &["d1"])];
+    let wanted = [counters(vec![]), named("b", &["d2"])];
+    assert_eq!(plan(&held, &wanted), Plan::NewGeneration);
+}
+
+#[test]
+fn another_set_of_slices_needs_a_new_generation() {
+    let held = [named("a", &["d0"]), named("b", &["d1"])];
+    assert_eq!(plan(&held, &held[..1]), Plan::NewGeneration);
+    let renamed = [named("a", &["d0"]), named("c", &["d1"])];
+    assert_eq!(plan(&held, &renamed), Plan::NewGeneration);
+}
