@@ -13,7 +13,7 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 use kube::{
-    Api, Client,
+    Api, Client, Resource,
     api::{ObjectMeta, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
@@ -383,8 +383,8 @@ impl StatusWriter {
             return Ok(false);
         }
         let patch = json!({
-            "apiVersion": "tessera.dev/v1alpha1",
-            "kind": "GpuNode",
+            "apiVersion": GpuNode::api_version(&()),
+            "kind": GpuNode::kind(&()),
             "status": status,
         });
         self.api

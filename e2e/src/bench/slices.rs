@@ -157,20 +157,23 @@ impl H100x8 {
                 self.pool_with(|gpu| gpu == first)
             })
             .await?;
+        // Whether the last reorder round left GPU 0 busy (odd rounds do).
+        let mut gpu0_busy = (other_rounds - 1) % 2 == 1;
         let mut startup = Vec::with_capacity(other_rounds);
         let mut resync = Vec::with_capacity(other_rounds);
-        for round in 0..other_rounds {
+        for _ in 0..other_rounds {
             // A restarted plugin: the slices it finds are already right.
             publisher.invalidate();
             let started = Instant::now();
-            let outcome = publisher.publish(&self.pool(round % 2 == 1)).await?;
+            let outcome = publisher.publish(&self.pool(gpu0_busy)).await?;
             startup.push(started.elapsed());
             ensure!(
                 !outcome.changed,
                 "a restart republished slices that were up to date"
             );
             publisher.invalidate();
-            resync.push(self.publish_once(&mut publisher, round % 2 == 0).await?);
+            gpu0_busy = !gpu0_busy;
+            resync.push(self.publish_once(&mut publisher, gpu0_busy).await?);
         }
         let api: Api<ResourceSlice> = Api::all(client.clone());
         let mut wiped = Vec::with_capacity(other_rounds);

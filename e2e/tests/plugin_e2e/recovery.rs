@@ -32,11 +32,13 @@ async fn a_plugin_killed_between_the_checkpoint_phases_recovers_and_nothing_leak
     })
     .await
     .unwrap();
+    let orphans = sim(&node).gpus[0].instances.clone();
     assert_eq!(
-        sim(&node).gpus[0].instances.len(),
+        orphans.len(),
         1,
         "the instance outlived the plugin, as on hardware"
     );
+    let orphan = orphans[0].compute_instances[0].uuid.clone();
     node.restart().await.unwrap();
     // The kubelet's retry succeeds on the recovered plugin.
     let pod = wait_running(&client, "victim").await;
@@ -47,8 +49,23 @@ async fn a_plugin_killed_between_the_checkpoint_phases_recovers_and_nothing_leak
         "no leaked instance: {:?}",
         state.gpus[0].instances
     );
-    let (_, device) = allocated(&claim_of(&client, &pod).await);
+    let remade = state.gpus[0].instances[0].compute_instances[0].uuid.clone();
+    assert_ne!(
+        remade, orphan,
+        "recovery destroyed the orphan and the retry made a new instance"
+    );
+    let claim = claim_of(&client, &pod).await;
+    let (_, device) = allocated(&claim);
     assert!(device.starts_with("gpu-0-mig-3g-40gb-"));
+    let spec = std::fs::read_to_string(node.cdi_dir().join(format!(
+        "k8s.gpu.tessera.dev-claim_{}.json",
+        claim.uid().unwrap()
+    )))
+    .unwrap();
+    assert!(
+        spec.contains(&format!("NVIDIA_VISIBLE_DEVICES={remade}")) && !spec.contains(&orphan),
+        "the container gets the new instance: {spec}"
+    );
 
     // A plain restart keeps the prepared claim; unprepare still works afterwards.
     node.restart().await.unwrap();

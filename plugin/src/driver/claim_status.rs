@@ -10,6 +10,7 @@
 
 use std::{sync::Arc, time::Duration};
 
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;
 use tokio::sync::Semaphore;
 use tracing::{debug, warn};
@@ -172,8 +173,8 @@ fn patch(driver_name: &str, c: &ClaimRef, rec: &ClaimRecord) -> serde_json::Valu
         })
         .collect();
     json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
+        "apiVersion": <ResourceClaim as k8s_openapi::Resource>::API_VERSION,
+        "kind": <ResourceClaim as k8s_openapi::Resource>::KIND,
         "metadata": {"name": c.name, "namespace": c.namespace},
         "status": {"devices": devices},
     })
