@@ -212,6 +212,19 @@ pub(super) fn by_claims_held(latencies: &[Duration], n: usize) -> (Vec<Duration>
     (few, many)
 }
 
+/// The latencies of the first call of each wave, which starts the GPU's MPS daemon, and of
+/// the others, which find it running.
+pub(super) fn by_daemon_start(latencies: &[Duration]) -> (Vec<Duration>, Vec<Duration>) {
+    let (mut first, mut rest) = (Vec::new(), Vec::new());
+    for wave in latencies.chunks(MAX_CLIENTS) {
+        if let Some((head, tail)) = wave.split_first() {
+            first.push(*head);
+            rest.extend(tail);
+        }
+    }
+    (first, rest)
+}
+
 /// Runs `call` for each claim with `in_flight` calls outstanding at all times; every
 /// latency in claim order (queueing in the plugin included, as the kubelet would see it).
 async fn run<'a, F, Fut>(
