@@ -44,4 +44,14 @@ pub mod reasons {
     pub const FOREIGN_INSTANCES: &str = "ForeignMigInstances";
     /// An A100-class GPU needs a reset before a MIG mode change takes effect.
     pub const MIG_MODE_PENDING_RESET: &str = "MigModePendingReset";
+    /// A GPU's new configuration waits for the claims allocated on it to end.
+    pub const WAITING_FOR_CLAIMS: &str = "WaitingForClaims";
+    /// A GPU waited longer than `repartition.drainTimeout` for its claims to end.
+    pub const DRAIN_TIMEOUT: &str = "DrainTimeout";
+    /// The policy's `nodeSelector` cannot be evaluated.
+    pub const INVALID_SELECTOR: &str = "InvalidSelector";
+    /// The policy's configuration cannot apply to some selected GPUs.
+    pub const CONFIG_NOT_APPLICABLE_TO_GPU: &str = "NotApplicableToGpu";
+    /// The policy governs GPUs and nothing stands in its way.
+    pub const GOVERNING: &str = "Governing";
 }

@@ -18,6 +18,7 @@ pub mod cluster;
 pub mod controlplane;
 pub mod demo;
 pub mod kubelet;
+pub mod operator;
 pub mod plugin;
 mod process;
 pub mod version;

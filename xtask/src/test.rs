@@ -56,11 +56,24 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         Ok(())
     })?;
     let bins = bins.ok_or_else(|| anyhow::anyhow!("no binaries"))?;
-    // The end-to-end tests start the plugin binary: build it first so they never run a
-    // stale one.
-    step("cargo build -p tessera-plugin", &mut || {
-        cargo(&["build", "-p", "tessera-plugin", "--bins"], &[])
-    })?;
+    // The end-to-end tests start the plugin and operator binaries: build them first so
+    // they never run stale ones.
+    step(
+        "cargo build -p tessera-plugin -p tessera-operator",
+        &mut || {
+            cargo(
+                &[
+                    "build",
+                    "-p",
+                    "tessera-plugin",
+                    "-p",
+                    "tessera-operator",
+                    "--bins",
+                ],
+                &[],
+            )
+        },
+    )?;
     let envs = |b: &tessera_e2e::BinDir| {
         [
             ("TESSERA_K8S_VERSION", b.version.to_string()),

@@ -25,8 +25,8 @@ use tessera_plugin::kubelet::client::{DraClient, KUBELET_CALL_TIMEOUT};
 pub use self::report::{Metric, Report, StatusWriteCounts, Target};
 use self::{
     claims::{
-        MAX_CLIENTS, by_claims_held, by_daemon_start, check_claim_status, create_claims, enable_mps,
-        wait_status_writes_settled, waves,
+        MAX_CLIENTS, by_claims_held, by_daemon_start, check_claim_status, create_claims,
+        enable_mps, wait_status_writes_settled, waves,
     },
     reference::{api_round_trip, api_status_write, durable_write},
     slices::H100x8,

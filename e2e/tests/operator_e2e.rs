@@ -1,0 +1,379 @@
+//! The operator on the real control plane, under its own ServiceAccount, with real plugin
+//! processes behind real kubelets: policies become `GpuNode.spec`, the slices follow,
+//! conflicts fail closed, a shape change waits for its claims, and only the leader writes.
+
+// Tests fail loudly on the first unexpected error.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use k8s_openapi::{
+    api::{core::v1::Node, resource::v1::ResourceSlice},
+    apimachinery::pkg::apis::meta::v1::Condition,
+};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, ListParams, Patch, PatchParams},
+};
+use serde_json::json;
+use tessera_api::{GpuNode, GpuSharingPolicy, policy::SharingStrategy};
+use tessera_e2e::{
+    ControlPlane, cluster, operator::OperatorProcess, plugin::SimNode, repo_root, wait::eventually,
+};
+
+const NS: &str = "workloads";
+const WAIT: Duration = Duration::from_secs(60);
+
+async fn setup() -> (ControlPlane, Client) {
+    tessera_e2e::start_for_workloads(NS).await.unwrap()
+}
+
+/// Applies a policy as `kubectl apply --server-side` would.
+async fn apply_policy(client: &Client, yaml: &str) {
+    let p: GpuSharingPolicy = serde_yaml::from_str(yaml).unwrap();
+    let name = p.metadata.name.clone().unwrap();
+    let api: Api<GpuSharingPolicy> = Api::all(client.clone());
+    api.patch(&name, &PatchParams::apply("e2e").force(), &Patch::Apply(&p))
+        .await
+        .unwrap();
+}
+
+async fn apply_sample(client: &Client, file: &str) {
+    let text = std::fs::read_to_string(repo_root().join("config/samples").join(file)).unwrap();
+    apply_policy(client, &text).await;
+}
+
+async fn label(client: &Client, node: &str, key: &str, value: Option<&str>) {
+    let api: Api<Node> = Api::all(client.clone());
+    api.patch(
+        node,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {key: value}}})),
+    )
+    .await
+    .unwrap();
+}
+
+/// The strategy and governing policy of each GPU of a GpuNode's spec.
+async fn spec_of(client: &Client, node: &str) -> Vec<(u32, SharingStrategy, Option<String>)> {
+    let api: Api<GpuNode> = Api::all(client.clone());
+    api.get(node)
+        .await
+        .map(|g| {
+            g.spec
+                .gpus
+                .iter()
+                .map(|c| (c.index, c.strategy, c.policy.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn wait_spec(client: &Client, node: &str, want: &[(u32, SharingStrategy, Option<&str>)]) {
+    let want: Vec<(u32, SharingStrategy, Option<String>)> = want
+        .iter()
+        .map(|(i, s, p)| (*i, *s, p.map(str::to_string)))
+        .collect();
+    let what = format!("GpuNode {node} spec {want:?}");
+    let got = eventually(&what, WAIT, || {
+        let want = want.clone();
+        async move { (spec_of(client, node).await == want).then_some(()) }
+    })
+    .await;
+    if let Err(e) = got {
+        panic!("{e}: last seen {:?}", spec_of(client, node).await);
+    }
+}
+
+async fn condition(client: &Client, policy: &str, t: &str) -> Option<Condition> {
+    let api: Api<GpuSharingPolicy> = Api::all(client.clone());
+    api.get(policy)
+        .await
+        .ok()?
+        .status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == t)
+}
+
+/// Waits until condition `t` of `policy` has `status` and `reason`; returns its message.
+async fn wait_condition(
+    client: &Client,
+    policy: &str,
+    t: &str,
+    status: &str,
+    reason: &str,
+) -> String {
+    let what = format!("{policy} {t}={status} ({reason})");
+    match eventually(&what, WAIT, || async {
+        condition(client, policy, t)
+            .await
+            .filter(|c| c.status == status && c.reason == reason)
+    })
+    .await
+    {
+        Ok(c) => c.message,
+        Err(e) => panic!("{e}; last seen {:?}", condition(client, policy, t).await),
+    }
+}
+
+async fn device_names(client: &Client, node: &str) -> Vec<String> {
+    let api: Api<ResourceSlice> = Api::all(client.clone());
+    let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
+    api.list(&lp)
+        .await
+        .map(|l| {
+            l.items
+                .iter()
+                .flat_map(|s| s.spec.devices.iter().flatten().map(|d| d.name.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Waits until the operator finished `n` passes without error.
+async fn wait_passes(op: &OperatorProcess, n: f64) {
+    eventually("the operator's passes", WAIT, || async {
+        op.metric("tessera_operator_passes_total{result=\"ok\"}")
+            .await
+            .filter(|v| *v >= n)
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn sample_policies_become_gpunode_specs_the_slices_follow_and_a_restart_writes_nothing() {
+    let (cp, client) = setup().await;
+    let _edge = SimNode::start(
+        &cp,
+        "edge-1",
+        "gpus: [{model: l4}, {model: l4}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    let _infer = SimNode::start(
+        &cp,
+        "infer-1",
+        "gpus: [{model: h100-80gb}, {model: l4}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    label(
+        &client,
+        "edge-1",
+        "tessera.dev/pool",
+        Some("edge-inference"),
+    )
+    .await;
+    label(&client, "infer-1", "tessera.dev/pool", Some("inference")).await;
+    let mut op = OperatorProcess::start(&cp, "op-0", false).await.unwrap();
+    apply_sample(&client, "01-h100-inference-dynamic-mig.yaml").await;
+    apply_sample(&client, "03-mps-with-limits.yaml").await;
+
+    let mps = Some("l4-mps-shares");
+    wait_spec(
+        &client,
+        "edge-1",
+        &[
+            (0, SharingStrategy::Mps, mps),
+            (1, SharingStrategy::Mps, mps),
+        ],
+    )
+    .await;
+    // The H100 gets MIG; the L4 next to it matches no policy's gpuSelector: no entry.
+    wait_spec(
+        &client,
+        "infer-1",
+        &[(0, SharingStrategy::Mig, Some("h100-inference-dynamic-mig"))],
+    )
+    .await;
+    // The plugins follow the specs they were given.
+    eventually("edge-1 to offer MPS shares", WAIT, || async {
+        let names = device_names(&client, "edge-1").await;
+        (names.contains(&"gpu-0-mps".to_string()) && names.contains(&"gpu-1-mps".to_string()))
+            .then_some(())
+    })
+    .await
+    .unwrap();
+    let msg = wait_condition(&client, "l4-mps-shares", "Ready", "True", "Governing").await;
+    assert_eq!(msg, "governs 2 GPU(s) on 1 node(s)");
+    let api: Api<GpuSharingPolicy> = Api::all(client.clone());
+    let status = api.get("l4-mps-shares").await.unwrap().status.unwrap();
+    assert_eq!((status.matched_nodes, status.matched_gpus), (1, 2));
+    assert_eq!(
+        condition(&client, "l4-mps-shares", "Conflicted")
+            .await
+            .unwrap()
+            .status,
+        "False"
+    );
+    let written = op.writes("gpunode_spec").await;
+    assert_eq!(written, 2, "one spec write per GpuNode whose spec changed");
+
+    // A restarted operator finds everything as it should be and writes nothing.
+    op.restart().await.unwrap();
+    wait_passes(&op, 1.0).await;
+    assert_eq!(op.writes("gpunode_spec").await, 0, "{}", op.log_tail(20));
+    assert_eq!(op.writes("policy_status").await, 0, "{}", op.log_tail(20));
+
+    // Relabelled out of the pool: no policy selects it, its entries go.
+    label(&client, "edge-1", "tessera.dev/pool", None).await;
+    wait_spec(&client, "edge-1", &[]).await;
+    wait_condition(
+        &client,
+        "l4-mps-shares",
+        "Ready",
+        "False",
+        "NoMatchingNodes",
+    )
+    .await;
+    eventually("edge-1 to stop offering MPS", WAIT, || async {
+        (!device_names(&client, "edge-1")
+            .await
+            .contains(&"gpu-0-mps".to_string()))
+        .then_some(())
+    })
+    .await
+    .unwrap();
+}
+
+const X: &str = r"
+apiVersion: tessera.dev/v1alpha1
+kind: GpuSharingPolicy
+metadata: {name: x}
+spec: {priority: 5, strategy: MPS}
+";
+const Y: &str = r"
+apiVersion: tessera.dev/v1alpha1
+kind: GpuSharingPolicy
+metadata: {name: y}
+spec: {priority: 5, strategy: TimeSlicing}
+";
+
+#[tokio::test]
+async fn equal_priorities_conflict_and_keep_the_gpu_until_one_policy_goes() {
+    let (cp, client) = setup().await;
+    let _node = SimNode::start(&cp, "l4-1", "gpus: [{model: l4}]\nlatencies: zero\n")
+        .await
+        .unwrap();
+    let _op = OperatorProcess::start(&cp, "op-0", false).await.unwrap();
+    apply_policy(&client, X).await;
+    wait_spec(&client, "l4-1", &[(0, SharingStrategy::Mps, Some("x"))]).await;
+
+    apply_policy(&client, Y).await;
+    let msg = wait_condition(&client, "y", "Conflicted", "True", "PriorityTie").await;
+    assert!(msg.contains("priority 5 ties with x on l4-1/0"), "{msg}");
+    let msg = wait_condition(&client, "x", "Conflicted", "True", "PriorityTie").await;
+    assert!(msg.contains("ties with y on l4-1/0"), "{msg}");
+    assert_eq!(
+        spec_of(&client, "l4-1").await,
+        [(0, SharingStrategy::Mps, Some("x".to_string()))],
+        "fail closed: the GPU keeps what it had"
+    );
+
+    // No finalizers: deleting one policy hands the GPU to the other.
+    let api: Api<GpuSharingPolicy> = Api::all(client.clone());
+    api.delete("x", &DeleteParams::default()).await.unwrap();
+    wait_spec(
+        &client,
+        "l4-1",
+        &[(0, SharingStrategy::TimeSlicing, Some("y"))],
+    )
+    .await;
+    wait_condition(&client, "y", "Conflicted", "False", "AsExpected").await;
+}
+
+#[tokio::test]
+async fn a_shape_change_waits_for_the_claim_on_the_gpu() {
+    let (cp, client) = setup().await;
+    let _node = SimNode::start(&cp, "l4-1", "gpus: [{model: l4}]\nlatencies: zero\n")
+        .await
+        .unwrap();
+    let _op = OperatorProcess::start(&cp, "op-0", false).await.unwrap();
+    apply_policy(&client, X).await;
+    wait_spec(&client, "l4-1", &[(0, SharingStrategy::Mps, Some("x"))]).await;
+    eventually("the MPS share to be offered", WAIT, || async {
+        device_names(&client, "l4-1")
+            .await
+            .contains(&"gpu-0-mps".to_string())
+            .then_some(())
+    })
+    .await
+    .unwrap();
+    let req = cluster::GpuRequest {
+        class: "mps.tessera.dev",
+        selector: None,
+        capacity: None,
+    };
+    cluster::create_claim_pod(&client, NS, "holder", req)
+        .await
+        .unwrap();
+    cluster::wait_pod_running(&client, NS, "holder", WAIT)
+        .await
+        .unwrap();
+
+    apply_policy(&client, &X.replace("strategy: MPS", "strategy: Exclusive")).await;
+    let msg = wait_condition(&client, "x", "Progressing", "True", "WaitingForClaims").await;
+    assert!(msg.contains("l4-1/0 (held by workloads/"), "{msg}");
+    assert_eq!(
+        spec_of(&client, "l4-1").await,
+        [(0, SharingStrategy::Mps, Some("x".to_string()))],
+        "nothing changes under a running claim"
+    );
+
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
+    pods.delete("holder", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    wait_spec(
+        &client,
+        "l4-1",
+        &[(0, SharingStrategy::Exclusive, Some("x"))],
+    )
+    .await;
+    wait_condition(&client, "x", "Progressing", "False", "AsExpected").await;
+}
+
+#[tokio::test]
+async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
+    let (cp, client) = setup().await;
+    let _node = SimNode::start(&cp, "l4-1", "gpus: [{model: l4}]\nlatencies: zero\n")
+        .await
+        .unwrap();
+    let mut a = OperatorProcess::start(&cp, "op-a", true).await.unwrap();
+    let b = OperatorProcess::start(&cp, "op-b", true).await.unwrap();
+    let leaders = eventually("one leader", WAIT, || async {
+        let (la, lb) = (a.leading().await, b.leading().await);
+        (la != lb).then_some((la, lb))
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        leaders,
+        (true, false),
+        "the first replica took the free lease"
+    );
+    apply_policy(&client, X).await;
+    wait_spec(&client, "l4-1", &[(0, SharingStrategy::Mps, Some("x"))]).await;
+    assert_eq!(b.writes("gpunode_spec").await, 0, "a follower never writes");
+
+    a.kill();
+    eventually("op-b to take the lease", WAIT, || async {
+        b.leading().await.then_some(())
+    })
+    .await
+    .unwrap();
+    apply_policy(
+        &client,
+        &X.replace("strategy: MPS", "strategy: TimeSlicing"),
+    )
+    .await;
+    wait_spec(
+        &client,
+        "l4-1",
+        &[(0, SharingStrategy::TimeSlicing, Some("x"))],
+    )
+    .await;
+    assert_eq!(b.writes("gpunode_spec").await, 1, "{}", b.log_tail(20));
+}

@@ -1,0 +1,21 @@
+//! Tessera's operator: the cluster-wide half of Tessera.
+//!
+//! - [`selector`]: Kubernetes label selectors, and which GPUs a policy's `gpuSelector`
+//!   picks.
+//! - [`resolve`]: which policy governs each GPU and the `GpuNode.spec` that follows (pure
+//!   functions of a [`resolve::Snapshot`]); [`static_plan`]: the placements of a static
+//!   MIG layout; [`policy_status`]: what each policy's status says.
+//! - [`runtime`]: the watch caches and the loop that writes what differs; [`app`]: the
+//!   wiring [`run`] starts; [`config`], [`metrics`], [`http`].
+
+pub mod app;
+pub mod config;
+pub mod http;
+pub mod metrics;
+pub mod policy_status;
+pub mod resolve;
+pub mod runtime;
+pub mod selector;
+pub mod static_plan;
+
+pub use app::{Error as RunError, run};

@@ -1,0 +1,184 @@
+//! Prometheus metrics of the operator, passed through the code (never global).
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `tessera_operator_passes_total` | counter | `result` (`ok`/`error`) |
+//! | `tessera_operator_pass_duration_seconds` | histogram | |
+//! | `tessera_operator_errors_total` | counter | `kind` (`spec_write`, `status_write`) |
+//! | `tessera_operator_writes_total` | counter | `object` (`gpunode_spec`, `policy_status`) |
+//! | `tessera_operator_gpus` | gauge | `policy`, `strategy` |
+//! | `tessera_operator_conflicted_gpus` | gauge | |
+//! | `tessera_operator_waiting_gpus` | gauge | |
+//! | `tessera_operator_leader` | gauge | |
+
+use std::{collections::BTreeMap, sync::Mutex, time::Duration};
+
+use prometheus_client::{
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ObjectLabel {
+    object: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GpuLabels {
+    policy: String,
+    strategy: String,
+}
+
+/// The operator's metrics.
+pub struct Metrics {
+    registry: Registry,
+    passes: Family<ResultLabel, Counter>,
+    pass_duration: Histogram,
+    errors: Family<KindLabel, Counter>,
+    writes: Family<ObjectLabel, Counter>,
+    gpus: Family<GpuLabels, Gauge>,
+    gpu_labels: Mutex<Vec<GpuLabels>>,
+    /// GPUs where policies of equal priority tie.
+    pub conflicted_gpus: Gauge,
+    /// GPUs whose new configuration waits for their claims.
+    pub waiting_gpus: Gauge,
+    /// 1 while this replica holds the lease and writes.
+    pub leader: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("tessera_operator");
+        let passes = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "passes",
+            "Resolution passes over the whole cluster",
+            passes.clone(),
+        );
+        // 1 ms … ~65 s.
+        let pass_duration = Histogram::new(
+            prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 17),
+        );
+        registry.register(
+            "pass_duration_seconds",
+            "Time of one pass: snapshot, resolution and the writes it needs",
+            pass_duration.clone(),
+        );
+        let errors = Family::<KindLabel, Counter>::default();
+        registry.register("errors", "Failed API writes by kind", errors.clone());
+        let writes = Family::<ObjectLabel, Counter>::default();
+        registry.register(
+            "writes",
+            "API writes (only content changes are written)",
+            writes.clone(),
+        );
+        let gpus = Family::<GpuLabels, Gauge>::default();
+        registry.register(
+            "gpus",
+            "GPUs governed, by policy and resolved strategy",
+            gpus.clone(),
+        );
+        let conflicted_gpus = Gauge::default();
+        registry.register(
+            "conflicted_gpus",
+            "GPUs selected by several policies of the same top priority (they keep their configuration)",
+            conflicted_gpus.clone(),
+        );
+        let waiting_gpus = Gauge::default();
+        registry.register(
+            "waiting_gpus",
+            "GPUs whose new configuration waits for their claims to end",
+            waiting_gpus.clone(),
+        );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica is the leader (the only one that writes)",
+            leader.clone(),
+        );
+        Self {
+            registry,
+            passes,
+            pass_duration,
+            errors,
+            writes,
+            gpus,
+            gpu_labels: Mutex::new(Vec::new()),
+            conflicted_gpus,
+            waiting_gpus,
+            leader,
+        }
+    }
+
+    /// Records one pass.
+    pub fn observe_pass(&self, took: Duration, ok: bool) {
+        self.passes
+            .get_or_create(&ResultLabel {
+                result: if ok { "ok" } else { "error" },
+            })
+            .inc();
+        self.pass_duration.observe(took.as_secs_f64());
+    }
+
+    /// Counts a failed write of `kind`.
+    pub fn error(&self, kind: &'static str) {
+        self.errors.get_or_create(&KindLabel { kind }).inc();
+    }
+
+    /// Counts a write of `object`.
+    pub fn wrote(&self, object: &'static str) {
+        self.writes.get_or_create(&ObjectLabel { object }).inc();
+    }
+
+    /// The number of API writes of `object` so far.
+    pub fn writes(&self, object: &'static str) -> u64 {
+        self.writes.get_or_create(&ObjectLabel { object }).get()
+    }
+
+    /// Sets the governed-GPU gauges; pairs that disappeared go to zero.
+    pub fn set_gpus(&self, counts: &BTreeMap<(String, String), i64>) {
+        let mut known = self
+            .gpu_labels
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for l in known.iter() {
+            self.gpus.get_or_create(l).set(0);
+        }
+        known.clear();
+        for ((policy, strategy), n) in counts {
+            let l = GpuLabels {
+                policy: policy.clone(),
+                strategy: strategy.clone(),
+            };
+            self.gpus.get_or_create(&l).set(*n);
+            known.push(l);
+        }
+    }
+
+    /// The text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}

@@ -1,0 +1,408 @@
+//! `GpuSharingPolicy.status` from a policy's [`PolicyOutcome`] (pure).
+//!
+//! Each condition has a reason a tool may match on and a message a person can act on.
+//! `lastTransitionTime` is kept unless the condition's status flips, so a status whose
+//! content did not change compares equal and is not written again.
+
+use std::{collections::BTreeSet, time::Duration};
+
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::{Condition, Time},
+    jiff::Timestamp,
+};
+use tessera_api::{
+    conditions::{reasons, types},
+    policy::GpuSharingPolicyStatus,
+};
+
+use crate::resolve::{PolicyOutcome, PolicyView, drain_timeout};
+
+/// At most this many GPUs or claims are named in one message; the rest are counted.
+const NAMED: usize = 5;
+
+/// The status of `policy` given what resolution made of it; `previous` keeps transition
+/// times.
+pub fn compute(
+    policy: &PolicyView,
+    outcome: &PolicyOutcome,
+    previous: Option<&GpuSharingPolicyStatus>,
+    now: Timestamp,
+) -> GpuSharingPolicyStatus {
+    let previous_conditions = previous
+        .map(|p| p.conditions.as_slice())
+        .unwrap_or_default();
+    let cond = |t: &str, (ok, reason, message): (bool, &str, String)| {
+        condition(
+            t,
+            ok,
+            reason,
+            message,
+            policy.generation,
+            previous_conditions,
+            now,
+        )
+    };
+    let conflicted = conflicted(policy, outcome);
+    let degraded = degraded(policy, outcome);
+    let progressing = progressing(outcome);
+    let ready = ready(outcome, [&conflicted, &degraded, &progressing]);
+    GpuSharingPolicyStatus {
+        observed_generation: policy.generation,
+        conditions: vec![
+            cond(types::READY, ready),
+            cond(types::PROGRESSING, progressing),
+            cond(types::DEGRADED, degraded),
+            cond(types::CONFLICTED, conflicted),
+        ],
+        matched_nodes: count(outcome.matched_nodes.len()),
+        matched_gpus: count(outcome.governed.len()),
+        // Filled from the slices and claims by the usage pass.
+        devices: previous.map(|p| p.devices.clone()).unwrap_or_default(),
+        allocated_compute_percent: previous.map_or(0, |p| p.allocated_compute_percent),
+        allocated_memory_percent: previous.map_or(0, |p| p.allocated_memory_percent),
+        allocated_percent: previous.and_then(|p| p.allocated_percent.clone()),
+    }
+}
+
+type Parts = (bool, &'static str, String);
+
+fn ready(outcome: &PolicyOutcome, others: [&Parts; 3]) -> Parts {
+    let [conflicted, degraded, progressing] = others;
+    if outcome.selector_error.is_some() || degraded.0 {
+        return (false, degraded.1, degraded.2.clone());
+    }
+    if outcome.governed.is_empty() {
+        if outcome.matched_nodes.is_empty() {
+            return (
+                false,
+                reasons::NO_MATCHING_NODES,
+                "no node with GPUs matches nodeSelector".to_string(),
+            );
+        }
+        if conflicted.0 {
+            return (false, conflicted.1, conflicted.2.clone());
+        }
+        return (
+            false,
+            reasons::OVERRIDDEN,
+            format!(
+                "it selects {} node(s), but policies of higher priority govern all their selected GPUs",
+                outcome.matched_nodes.len()
+            ),
+        );
+    }
+    if progressing.0 {
+        return (false, progressing.1, progressing.2.clone());
+    }
+    (
+        true,
+        reasons::GOVERNING,
+        format!(
+            "governs {} GPU(s) on {} node(s)",
+            outcome.governed.len(),
+            outcome.matched_nodes.len()
+        ),
+    )
+}
+
+fn conflicted(policy: &PolicyView, outcome: &PolicyOutcome) -> Parts {
+    if outcome.conflicts.is_empty() {
+        return (
+            false,
+            reasons::AS_EXPECTED,
+            "no policy of the same priority selects its GPUs".to_string(),
+        );
+    }
+    let ties: Vec<String> = outcome
+        .conflicts
+        .iter()
+        .map(|(other, gpus)| format!("{other} on {}", names(gpus)))
+        .collect();
+    (
+        true,
+        reasons::PRIORITY_TIE,
+        format!(
+            "priority {} ties with {}: those GPUs keep the configuration they had until one policy's priority is changed",
+            policy.spec.priority,
+            ties.join("; ")
+        ),
+    )
+}
+
+fn degraded(policy: &PolicyView, outcome: &PolicyOutcome) -> Parts {
+    if let Some(e) = &outcome.selector_error {
+        return (true, reasons::INVALID_SELECTOR, e.clone());
+    }
+    if !outcome.infeasible.is_empty() {
+        let mut why: Vec<String> = outcome
+            .infeasible
+            .iter()
+            .take(NAMED)
+            .map(|(gpu, e)| format!("{gpu}: {e}"))
+            .collect();
+        if outcome.infeasible.len() > NAMED {
+            why.push(format!(
+                "and {} more GPU(s)",
+                outcome.infeasible.len() - NAMED
+            ));
+        }
+        let reason = if outcome
+            .infeasible
+            .values()
+            .any(|e| e.contains("mig.layout"))
+        {
+            reasons::LAYOUT_INVALID
+        } else {
+            reasons::CONFIG_NOT_APPLICABLE_TO_GPU
+        };
+        return (
+            true,
+            reason,
+            format!(
+                "{} (these GPUs keep their previous configuration)",
+                why.join("; ")
+            ),
+        );
+    }
+    let limit = drain_timeout(&policy.spec);
+    let overdue: Vec<String> = outcome
+        .waiting
+        .iter()
+        .filter(|(_, (_, waited))| *waited >= limit)
+        .map(|(gpu, (claims, _))| format!("{gpu} (held by {})", names(claims)))
+        .collect();
+    if !overdue.is_empty() {
+        return (
+            true,
+            reasons::DRAIN_TIMEOUT,
+            format!(
+                "waited longer than repartition.drainTimeout ({}) for claims to end on {}; nothing is evicted: delete those pods, or raise the timeout",
+                human(limit),
+                overdue.join(", ")
+            ),
+        );
+    }
+    (false, reasons::AS_EXPECTED, "nothing is wrong".to_string())
+}
+
+fn progressing(outcome: &PolicyOutcome) -> Parts {
+    if outcome.waiting.is_empty() {
+        return (
+            false,
+            reasons::AS_EXPECTED,
+            "every governed GPU has its configuration".to_string(),
+        );
+    }
+    let waiting: Vec<String> = outcome
+        .waiting
+        .iter()
+        .take(NAMED)
+        .map(|(gpu, (claims, _))| format!("{gpu} (held by {})", names(claims)))
+        .collect();
+    (
+        true,
+        reasons::WAITING_FOR_CLAIMS,
+        format!(
+            "{} GPU(s) change shape once their claims end: {}{}",
+            outcome.waiting.len(),
+            waiting.join(", "),
+            if outcome.waiting.len() > NAMED {
+                ", …"
+            } else {
+                ""
+            }
+        ),
+    )
+}
+
+fn names(items: &BTreeSet<String>) -> String {
+    let mut named: Vec<&str> = items.iter().take(NAMED).map(String::as_str).collect();
+    let more = items.len().saturating_sub(NAMED);
+    let tail = format!("{more} more");
+    if more > 0 {
+        named.push(&tail);
+    }
+    named.join(", ")
+}
+
+fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    match (s / 3600, s % 3600 / 60, s % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, 0) => format!("{m}m"),
+        (0, m, s) => format!("{m}m{s}s"),
+        (h, 0, 0) => format!("{h}h"),
+        (h, m, _) => format!("{h}h{m}m"),
+    }
+}
+
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+fn condition(
+    t: &str,
+    ok: bool,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    previous: &[Condition],
+    now: Timestamp,
+) -> Condition {
+    let status = if ok { "True" } else { "False" };
+    let last = previous
+        .iter()
+        .find(|c| c.type_ == t && c.status == status)
+        .map(|c| c.last_transition_time.clone());
+    Condition {
+        type_: t.to_string(),
+        status: status.to_string(),
+        reason: reason.to_string(),
+        message,
+        observed_generation: generation,
+        last_transition_time: last.unwrap_or(Time(now)),
+    }
+}
+
+/// Whether two statuses say the same, transition times aside.
+pub fn same(a: &GpuSharingPolicyStatus, b: &GpuSharingPolicyStatus) -> bool {
+    let strip = |s: &GpuSharingPolicyStatus| {
+        let mut s = s.clone();
+        for c in &mut s.conditions {
+            c.last_transition_time = Time(Timestamp::UNIX_EPOCH);
+        }
+        s
+    };
+    strip(a) == strip(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use tessera_api::policy::{GpuSharingPolicySpec, RepartitionPolicy, SharingStrategy};
+
+    use super::*;
+
+    fn policy(priority: i32) -> PolicyView {
+        PolicyView {
+            name: "p".into(),
+            generation: Some(3),
+            spec: GpuSharingPolicySpec {
+                priority,
+                node_selector: None,
+                gpu_selector: None,
+                strategy: SharingStrategy::Exclusive,
+                mig: None,
+                mps: None,
+                time_slicing: None,
+                adaptive: None,
+                repartition: None,
+            },
+        }
+    }
+
+    fn set(items: &[&str]) -> BTreeSet<String> {
+        items.iter().map(|s| (*s).to_string()).collect()
+    }
+
+    fn get<'s>(s: &'s GpuSharingPolicyStatus, t: &str) -> &'s Condition {
+        s.conditions.iter().find(|c| c.type_ == t).unwrap()
+    }
+
+    #[test]
+    fn a_governing_policy_is_ready_and_counts_its_gpus() {
+        let outcome = PolicyOutcome {
+            matched_nodes: set(&["a", "b"]),
+            governed: set(&["a/0", "a/1", "b/0"]),
+            ..PolicyOutcome::default()
+        };
+        let s = compute(&policy(0), &outcome, None, Timestamp::now());
+        assert_eq!((s.matched_nodes, s.matched_gpus), (2, 3));
+        assert_eq!(s.observed_generation, Some(3));
+        let ready = get(&s, types::READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("True", reasons::GOVERNING)
+        );
+        assert_eq!(get(&s, types::CONFLICTED).status, "False");
+    }
+
+    #[test]
+    fn a_tie_names_the_other_policy_and_the_gpus() {
+        let outcome = PolicyOutcome {
+            matched_nodes: set(&["a"]),
+            conflicts: BTreeMap::from([("other".to_string(), set(&["a/0", "a/1"]))]),
+            ..PolicyOutcome::default()
+        };
+        let s = compute(&policy(5), &outcome, None, Timestamp::now());
+        let c = get(&s, types::CONFLICTED);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", reasons::PRIORITY_TIE)
+        );
+        assert!(
+            c.message.contains("priority 5 ties with other on a/0, a/1"),
+            "{}",
+            c.message
+        );
+        assert_eq!(get(&s, types::READY).reason, reasons::PRIORITY_TIE);
+    }
+
+    #[test]
+    fn waiting_past_the_drain_timeout_is_degraded_naming_the_claims() {
+        let mut p = policy(0);
+        p.spec.repartition = Some(RepartitionPolicy {
+            allow_gpu_reset: false,
+            drain_timeout: Some("1m".into()),
+        });
+        let mut outcome = PolicyOutcome {
+            matched_nodes: set(&["a"]),
+            governed: set(&["a/0"]),
+            waiting: BTreeMap::from([(
+                "a/0".to_string(),
+                (set(&["ns/c1"]), Duration::from_secs(30)),
+            )]),
+            ..PolicyOutcome::default()
+        };
+        let s = compute(&p, &outcome, None, Timestamp::now());
+        assert_eq!(
+            get(&s, types::PROGRESSING).reason,
+            reasons::WAITING_FOR_CLAIMS
+        );
+        assert_eq!(get(&s, types::DEGRADED).status, "False");
+        outcome.waiting.get_mut("a/0").unwrap().1 = Duration::from_secs(61);
+        let s = compute(&p, &outcome, None, Timestamp::now());
+        let d = get(&s, types::DEGRADED);
+        assert_eq!(
+            (d.status.as_str(), d.reason.as_str()),
+            ("True", reasons::DRAIN_TIMEOUT)
+        );
+        assert!(d.message.contains("a/0 (held by ns/c1)"), "{}", d.message);
+        assert!(d.message.contains("(1m)"), "{}", d.message);
+    }
+
+    #[test]
+    fn an_unchanged_status_keeps_its_transition_times() {
+        let outcome = PolicyOutcome {
+            matched_nodes: set(&["a"]),
+            governed: set(&["a/0"]),
+            ..PolicyOutcome::default()
+        };
+        let first = compute(&policy(0), &outcome, None, Timestamp::UNIX_EPOCH);
+        let again = compute(&policy(0), &outcome, Some(&first), Timestamp::now());
+        assert_eq!(first, again, "nothing changed, not even a timestamp");
+        assert!(same(&first, &again));
+    }
+
+    #[test]
+    fn no_matching_nodes_says_so() {
+        let s = compute(
+            &policy(0),
+            &PolicyOutcome::default(),
+            None,
+            Timestamp::now(),
+        );
+        assert_eq!(get(&s, types::READY).reason, reasons::NO_MATCHING_NODES);
+    }
+}

@@ -1,0 +1,415 @@
+//! Which policy governs each GPU, and the `GpuNode.spec` that follows: pure functions of a
+//! [`Snapshot`] of the watched objects, so every decision is tested without a cluster.
+//!
+//! Rules, in the order they apply to one GPU:
+//! 1. A policy selects the GPU when its `nodeSelector` matches the Node's labels and its
+//!    `gpuSelector` matches the GPU's product name and index (as the plugin reports them in
+//!    `GpuNode.status`).
+//! 2. The highest `priority` among them governs. Two or more at that priority are a
+//!    conflict: each reports `Conflicted` naming the others and the GPUs, and the GPU keeps
+//!    the entry it had (fail closed: no policy's word wins by accident).
+//! 3. A GPU no policy selects has no entry, and the plugin's default applies.
+//! 4. A GPU's entry changes shape only when no claim is allocated on it; until then the
+//!    policy is `Progressing` (waiting for the claims), and past `repartition.drainTimeout`
+//!    `Degraded`, naming the claims. Nothing is evicted.
+//! 5. A configuration the GPU cannot take (MIG on a GPU without MIG, a static layout that
+//!    does not fit) leaves the GPU as it was and makes the policy `Degraded`.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
+
+use tessera_api::{
+    GpuNodeSpec,
+    gpunode::{GpuConfig, GpuMigConfig, GpuState, PlannedInstance},
+    policy::{GpuSharingPolicySpec, MigMode, MigProfileName, SharingStrategy},
+};
+use tessera_gpu::{Placement, find_model};
+
+use crate::{
+    selector::{self, GpuIdentity},
+    static_plan,
+};
+
+/// A policy as resolution reads it.
+#[derive(Clone, Debug)]
+pub struct PolicyView {
+    /// Name (policies are cluster-scoped).
+    pub name: String,
+    /// `metadata.generation`.
+    pub generation: Option<i64>,
+    /// Its spec.
+    pub spec: GpuSharingPolicySpec,
+}
+
+/// A GPU node as resolution reads it.
+#[derive(Clone, Debug, Default)]
+pub struct NodeView {
+    /// The Node's labels (`None`: the Node object is not known, so no policy selects it).
+    pub labels: Option<BTreeMap<String, String>>,
+    /// The GpuNode's current spec (what the operator last wrote).
+    pub spec: GpuNodeSpec,
+    /// The GPUs its plugin reports.
+    pub gpus: Vec<GpuState>,
+    /// Claims allocated on each GPU (by index), as `namespace/name`.
+    pub allocated: BTreeMap<u32, BTreeSet<String>>,
+}
+
+/// Everything resolution reads.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Every policy.
+    pub policies: Vec<PolicyView>,
+    /// Every GpuNode, by name (= the Node's name).
+    pub nodes: BTreeMap<String, NodeView>,
+    /// How long each GPU (`node`, index) has waited for its claims to go so that its new
+    /// configuration can apply.
+    pub waiting: BTreeMap<(String, u32), Duration>,
+}
+
+/// Where a GPU is: `node/index`.
+pub type GpuRef = String;
+
+/// What became of one policy.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PolicyOutcome {
+    /// The nodes its `nodeSelector` picks that have GPUs.
+    pub matched_nodes: BTreeSet<String>,
+    /// The GPUs it governs.
+    pub governed: BTreeSet<GpuRef>,
+    /// Its `nodeSelector` cannot be evaluated.
+    pub selector_error: Option<String>,
+    /// Policies it ties with, each with the GPUs of the tie.
+    pub conflicts: BTreeMap<String, BTreeSet<GpuRef>>,
+    /// GPUs whose new configuration waits for their claims to end, with the claims and how
+    /// long they have waited.
+    pub waiting: BTreeMap<GpuRef, (BTreeSet<String>, Duration)>,
+    /// GPUs it cannot configure, with why.
+    pub infeasible: BTreeMap<GpuRef, String>,
+}
+
+/// The outcome of a resolution.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Resolution {
+    /// The spec each GpuNode should have.
+    pub specs: BTreeMap<String, GpuNodeSpec>,
+    /// What became of each policy, by name.
+    pub policies: BTreeMap<String, PolicyOutcome>,
+    /// GPUs waiting for their claims (to keep their wait's start across resolutions).
+    pub waiting: BTreeSet<(String, u32)>,
+}
+
+/// Default of `repartition.drainTimeout`.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Resolves every GPU of the snapshot.
+pub fn resolve(snapshot: &Snapshot) -> Resolution {
+    let mut out = Resolution {
+        policies: snapshot
+            .policies
+            .iter()
+            .map(|p| (p.name.clone(), PolicyOutcome::default()))
+            .collect(),
+        ..Resolution::default()
+    };
+    for (node_name, node) in &snapshot.nodes {
+        let selecting = selecting_policies(snapshot, node_name, node, &mut out);
+        let current: BTreeMap<u32, &GpuConfig> =
+            node.spec.gpus.iter().map(|g| (g.index, g)).collect();
+        let mut entries = Vec::new();
+        for gpu in &node.gpus {
+            let gpu_ref = format!("{node_name}/{}", gpu.index);
+            let identity = GpuIdentity {
+                index: gpu.index,
+                product_name: &gpu.product_name,
+            };
+            let candidates: Vec<&PolicyView> = selecting
+                .iter()
+                .copied()
+                .filter(|p| selector::matches_gpu(p.spec.gpu_selector.as_ref(), identity))
+                .collect();
+            let previous = current.get(&gpu.index).copied();
+            let entry = match governing(&candidates) {
+                Governing::None => None,
+                Governing::Tie(tied) => {
+                    for p in &tied {
+                        let outcome = out.policies.entry(p.name.clone()).or_default();
+                        for other in tied.iter().filter(|o| o.name != p.name) {
+                            outcome
+                                .conflicts
+                                .entry(other.name.clone())
+                                .or_default()
+                                .insert(gpu_ref.clone());
+                        }
+                    }
+                    previous.cloned()
+                }
+                Governing::One(policy) => {
+                    let outcome = out.policies.entry(policy.name.clone()).or_default();
+                    outcome.governed.insert(gpu_ref.clone());
+                    match desired(policy, gpu, previous) {
+                        Err(why) => {
+                            outcome.infeasible.insert(gpu_ref.clone(), why);
+                            previous.cloned()
+                        }
+                        Ok(want) => {
+                            let allocated = node.allocated.get(&gpu.index);
+                            match (previous, allocated) {
+                                (Some(prev), Some(claims))
+                                    if !claims.is_empty() && shape_differs(prev, &want) =>
+                                {
+                                    let key = (node_name.clone(), gpu.index);
+                                    let waited =
+                                        snapshot.waiting.get(&key).copied().unwrap_or_default();
+                                    outcome
+                                        .waiting
+                                        .insert(gpu_ref.clone(), (claims.clone(), waited));
+                                    out.waiting.insert(key);
+                                    // Only who governs may change while the shape waits.
+                                    Some(GpuConfig {
+                                        policy: want.policy.clone(),
+                                        ..prev.clone()
+                                    })
+                                }
+                                _ => Some(want),
+                            }
+                        }
+                    }
+                }
+            };
+            entries.extend(entry);
+        }
+        entries.sort_by_key(|g| g.index);
+        out.specs
+            .insert(node_name.clone(), GpuNodeSpec { gpus: entries });
+    }
+    out
+}
+
+/// The policies whose `nodeSelector` picks the node; counts the node for each.
+fn selecting_policies<'s>(
+    snapshot: &'s Snapshot,
+    node_name: &str,
+    node: &NodeView,
+    out: &mut Resolution,
+) -> Vec<&'s PolicyView> {
+    let Some(labels) = &node.labels else {
+        return Vec::new();
+    };
+    let mut selecting = Vec::new();
+    for p in &snapshot.policies {
+        match selector::matches_labels(p.spec.node_selector.as_ref(), labels) {
+            Ok(true) => {
+                if !node.gpus.is_empty() {
+                    let outcome = out.policies.entry(p.name.clone()).or_default();
+                    outcome.matched_nodes.insert(node_name.to_string());
+                }
+                selecting.push(p);
+            }
+            Ok(false) => {}
+            Err(e) => {
+                let outcome = out.policies.entry(p.name.clone()).or_default();
+                outcome.selector_error = Some(format!("nodeSelector: {e}"));
+            }
+        }
+    }
+    selecting
+}
+
+enum Governing<'p> {
+    None,
+    One(&'p PolicyView),
+    Tie(Vec<&'p PolicyView>),
+}
+
+fn governing<'p>(candidates: &[&'p PolicyView]) -> Governing<'p> {
+    let Some(top) = candidates.iter().map(|p| p.spec.priority).max() else {
+        return Governing::None;
+    };
+    let mut at_top: Vec<&PolicyView> = candidates
+        .iter()
+        .copied()
+        .filter(|p| p.spec.priority == top)
+        .collect();
+    at_top.sort_by(|a, b| a.name.cmp(&b.name));
+    match at_top.as_slice() {
+        [one] => Governing::One(one),
+        _ => Governing::Tie(at_top),
+    }
+}
+
+/// Whether going from `from` to `to` changes what the GPU offers (not only who governs).
+fn shape_differs(from: &GpuConfig, to: &GpuConfig) -> bool {
+    let strip = |g: &GpuConfig| GpuConfig {
+        policy: None,
+        uuid: None,
+        ..g.clone()
+    };
+    strip(from) != strip(to)
+}
+
+/// The entry `policy` gives the GPU, or why the GPU cannot take it.
+fn desired(
+    policy: &PolicyView,
+    gpu: &GpuState,
+    previous: Option<&GpuConfig>,
+) -> Result<GpuConfig, String> {
+    let spec = &policy.spec;
+    let strategy = match spec.strategy {
+        // The adaptive planner's seam: until it decides per GPU, a GPU takes the policy's
+        // first (most preferred) strategy.
+        SharingStrategy::Adaptive => spec
+            .adaptive
+            .as_ref()
+            .and_then(|a| a.strategies.first().copied())
+            .unwrap_or(SharingStrategy::Exclusive),
+        s => s,
+    };
+    let mut entry = GpuConfig {
+        index: gpu.index,
+        uuid: (!gpu.uuid.is_empty()).then(|| gpu.uuid.clone()),
+        strategy,
+        policy: Some(policy.name.clone()),
+        mig: None,
+        mps: None,
+        time_slicing: None,
+    };
+    match strategy {
+        SharingStrategy::Mig => entry.mig = Some(mig_config(policy, gpu, previous)?),
+        SharingStrategy::Mps => entry.mps = Some(spec.mps.clone().unwrap_or_default()),
+        SharingStrategy::TimeSlicing => {
+            entry.time_slicing = Some(spec.time_slicing.clone().unwrap_or_default());
+        }
+        SharingStrategy::Exclusive | SharingStrategy::Adaptive => {}
+    }
+    Ok(entry)
+}
+
+fn mig_config(
+    policy: &PolicyView,
+    gpu: &GpuState,
+    previous: Option<&GpuConfig>,
+) -> Result<GpuMigConfig, String> {
+    let mig = policy.spec.mig.clone().unwrap_or_default();
+    let layout = find_model(&gpu.product_name)
+        .ok()
+        .and_then(|m| m.mig.as_ref())
+        .ok_or_else(|| {
+            format!(
+                "strategy MIG: {} has no MIG (MIG-capable models: {})",
+                gpu.product_name,
+                tessera_gpu::catalog::catalog()
+                    .iter()
+                    .filter(|m| m.mig.is_some())
+                    .filter_map(|m| m.product_names.first().cloned())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })?;
+    let unknown: Vec<&str> = mig
+        .allowed_profiles
+        .iter()
+        .map(MigProfileName::as_str)
+        .filter(|p| layout.profile_by_name(p).is_none())
+        .collect();
+    if !unknown.is_empty() {
+        return Err(format!(
+            "mig.allowedProfiles: {} has no profile {}; its profiles are {}",
+            gpu.product_name,
+            unknown.join(", "),
+            profile_names(layout)
+        ));
+    }
+    let instances = match mig.mode {
+        MigMode::Dynamic => Vec::new(),
+        MigMode::Static => {
+            let placement = |profile: &str, start: u32| {
+                let p = layout.profile_by_name(profile)?;
+                Some(Placement {
+                    profile_id: p.profile_id,
+                    start: u8::try_from(start).ok()?,
+                })
+            };
+            // Instances holding claims never move.
+            let keep: Vec<Placement> = gpu
+                .instances
+                .iter()
+                .filter(|i| i.claim.is_some())
+                .filter_map(|i| placement(&i.profile, i.placement_start))
+                .collect();
+            let current: Vec<Placement> = previous
+                .and_then(|p| p.mig.as_ref())
+                .map(|m| {
+                    m.instances
+                        .iter()
+                        .filter_map(|i| placement(i.profile.as_str(), i.start))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let planned = static_plan::plan(layout, &mig.layout, &keep, &current)
+                .map_err(|e| format!("mig.layout on {}: {e}", gpu.product_name))?;
+            planned
+                .into_iter()
+                .filter_map(|p| {
+                    Some(PlannedInstance {
+                        profile: MigProfileName(layout.profile(p.profile_id)?.name.clone()),
+                        start: u32::from(p.start),
+                    })
+                })
+                .collect()
+        }
+    };
+    Ok(GpuMigConfig {
+        mode: mig.mode,
+        allowed_profiles: mig.allowed_profiles,
+        placement: mig.placement,
+        instances,
+    })
+}
+
+fn profile_names(layout: &tessera_gpu::MigLayout) -> String {
+    layout
+        .profiles
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `repartition.drainTimeout` of a policy.
+pub fn drain_timeout(spec: &GpuSharingPolicySpec) -> Duration {
+    spec.repartition
+        .as_ref()
+        .and_then(|r| r.drain_timeout.as_deref())
+        .and_then(parse_duration)
+        .unwrap_or(DEFAULT_DRAIN_TIMEOUT)
+}
+
+/// `500ms`, `90s`, `15m`, `1h30m` (the CRD's pattern refuses anything else).
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        let n: u64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let (unit, len) = if rest.starts_with("ms") {
+            (Duration::from_millis(1), 2)
+        } else if rest.starts_with('s') {
+            (Duration::from_secs(1), 1)
+        } else if rest.starts_with('m') {
+            (Duration::from_secs(60), 1)
+        } else if rest.starts_with('h') {
+            (Duration::from_secs(3600), 1)
+        } else {
+            return None;
+        };
+        total += unit * u32::try_from(n).ok()?;
+        rest = &rest[len..];
+    }
+    Some(total)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,311 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use tessera_api::{
+    gpunode::{ClaimRef, InstanceOrigin, MigInstanceState},
+    policy::{AdaptivePolicy, GpuSelector, MigLayoutEntry, MigPolicy},
+};
+
+use super::*;
+
+const H100: &str = "NVIDIA H100 80GB HBM3";
+const L4: &str = "NVIDIA L4";
+
+fn policy(name: &str, priority: i32, strategy: SharingStrategy) -> PolicyView {
+    PolicyView {
+        name: name.into(),
+        generation: Some(1),
+        spec: GpuSharingPolicySpec {
+            priority,
+            node_selector: None,
+            gpu_selector: None,
+            strategy,
+            mig: (strategy == SharingStrategy::Mig).then(MigPolicy::default),
+            mps: None,
+            time_slicing: None,
+            adaptive: None,
+            repartition: None,
+        },
+    }
+}
+
+fn on(mut p: PolicyView, label: &str, value: &str) -> PolicyView {
+    p.spec.node_selector = Some(LabelSelector {
+        match_labels: Some([(label.to_string(), value.to_string())].into()),
+        match_expressions: None,
+    });
+    p
+}
+
+fn gpu(index: u32, product: &str) -> GpuState {
+    GpuState {
+        index,
+        uuid: format!("GPU-{index}"),
+        product_name: product.into(),
+        ..GpuState::default()
+    }
+}
+
+fn node(labels: &[(&str, &str)], gpus: Vec<GpuState>) -> NodeView {
+    NodeView {
+        labels: Some(
+            labels
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect(),
+        ),
+        gpus,
+        ..NodeView::default()
+    }
+}
+
+fn snapshot(policies: Vec<PolicyView>, nodes: Vec<(&str, NodeView)>) -> Snapshot {
+    Snapshot {
+        policies,
+        nodes: nodes.into_iter().map(|(n, v)| (n.to_string(), v)).collect(),
+        waiting: BTreeMap::new(),
+    }
+}
+
+fn strategies(r: &Resolution, node: &str) -> Vec<(u32, SharingStrategy, Option<String>)> {
+    r.specs[node]
+        .gpus
+        .iter()
+        .map(|g| (g.index, g.strategy, g.policy.clone()))
+        .collect()
+}
+
+#[test]
+fn the_highest_priority_governs_and_the_lower_one_counts_the_node_only() {
+    let s = snapshot(
+        vec![
+            policy("low", 0, SharingStrategy::Mps),
+            policy("high", 10, SharingStrategy::Exclusive),
+        ],
+        vec![("a", node(&[], vec![gpu(0, L4)]))],
+    );
+    let r = resolve(&s);
+    assert_eq!(
+        strategies(&r, "a"),
+        [(0, SharingStrategy::Exclusive, Some("high".into()))]
+    );
+    assert_eq!(r.specs["a"].gpus[0].uuid.as_deref(), Some("GPU-0"));
+    assert_eq!(r.policies["high"].governed.len(), 1);
+    assert!(r.policies["low"].governed.is_empty());
+    assert_eq!(r.policies["low"].matched_nodes.len(), 1);
+}
+
+#[test]
+fn a_tie_keeps_the_previous_entry_and_both_policies_name_each_other() {
+    let mut n = node(&[], vec![gpu(0, L4), gpu(1, L4)]);
+    n.spec.gpus = vec![GpuConfig {
+        index: 0,
+        uuid: Some("GPU-0".into()),
+        strategy: SharingStrategy::Mps,
+        policy: Some("before".into()),
+        mig: None,
+        mps: Some(Default::default()),
+        time_slicing: None,
+    }];
+    let s = snapshot(
+        vec![
+            policy("x", 5, SharingStrategy::Exclusive),
+            policy("y", 5, SharingStrategy::TimeSlicing),
+        ],
+        vec![("a", n)],
+    );
+    let r = resolve(&s);
+    assert_eq!(
+        strategies(&r, "a"),
+        [(0, SharingStrategy::Mps, Some("before".into()))],
+        "GPU 0 keeps what it had, GPU 1 (no entry before) gets none"
+    );
+    assert_eq!(
+        r.policies["x"].conflicts["y"],
+        BTreeSet::from(["a/0".to_string(), "a/1".to_string()])
+    );
+    assert!(r.policies["y"].conflicts.contains_key("x"));
+}
+
+#[test]
+fn node_and_gpu_selectors_pick_the_gpus() {
+    let mut h100_only = on(policy("mig", 0, SharingStrategy::Mig), "pool", "infer");
+    h100_only.spec.gpu_selector = Some(GpuSelector {
+        product_names: vec![H100.into()],
+        indices: vec![],
+    });
+    let s = snapshot(
+        vec![h100_only],
+        vec![
+            (
+                "infer-1",
+                node(&[("pool", "infer")], vec![gpu(0, H100), gpu(1, L4)]),
+            ),
+            ("batch-1", node(&[("pool", "batch")], vec![gpu(0, H100)])),
+        ],
+    );
+    let r = resolve(&s);
+    assert_eq!(
+        strategies(&r, "infer-1"),
+        [(0, SharingStrategy::Mig, Some("mig".into()))]
+    );
+    assert!(
+        r.specs["batch-1"].gpus.is_empty(),
+        "the other node is not selected"
+    );
+    assert_eq!(r.policies["mig"].matched_nodes.len(), 1);
+}
+
+#[test]
+fn a_gpu_no_policy_selects_has_no_entry() {
+    let mut n = node(&[], vec![gpu(0, L4)]);
+    n.spec.gpus = vec![GpuConfig {
+        index: 0,
+        uuid: None,
+        strategy: SharingStrategy::Mps,
+        policy: Some("deleted".into()),
+        mig: None,
+        mps: None,
+        time_slicing: None,
+    }];
+    let r = resolve(&snapshot(vec![], vec![("a", n)]));
+    assert!(r.specs["a"].gpus.is_empty(), "the plugin's default applies");
+}
+
+#[test]
+fn adaptive_resolves_to_its_first_strategy_for_now() {
+    let mut p = policy("ad", 0, SharingStrategy::Adaptive);
+    p.spec.adaptive = Some(AdaptivePolicy {
+        strategies: vec![SharingStrategy::Mps, SharingStrategy::Mig],
+        cooldown: None,
+    });
+    let r = resolve(&snapshot(
+        vec![p],
+        vec![("a", node(&[], vec![gpu(0, H100)]))],
+    ));
+    assert_eq!(r.specs["a"].gpus[0].strategy, SharingStrategy::Mps);
+    assert!(r.specs["a"].gpus[0].mps.is_some());
+}
+
+#[test]
+fn mig_on_a_gpu_without_mig_is_infeasible_and_changes_nothing() {
+    let r = resolve(&snapshot(
+        vec![policy("mig", 0, SharingStrategy::Mig)],
+        vec![("a", node(&[], vec![gpu(0, L4)]))],
+    ));
+    assert!(r.specs["a"].gpus.is_empty());
+    let why = &r.policies["mig"].infeasible["a/0"];
+    assert!(why.contains("NVIDIA L4 has no MIG"), "{why}");
+}
+
+#[test]
+fn an_unknown_allowed_profile_is_infeasible_with_the_gpus_profiles() {
+    let mut p = policy("mig", 0, SharingStrategy::Mig);
+    p.spec.mig = Some(MigPolicy {
+        allowed_profiles: vec![MigProfileName("1g.5gb".into())],
+        ..MigPolicy::default()
+    });
+    let r = resolve(&snapshot(
+        vec![p],
+        vec![("a", node(&[], vec![gpu(0, H100)]))],
+    ));
+    let why = &r.policies["mig"].infeasible["a/0"];
+    assert!(why.contains("has no profile 1g.5gb"), "{why}");
+    assert!(why.contains("1g.10gb"), "{why}");
+}
+
+#[test]
+fn a_shape_change_waits_while_claims_are_allocated_and_applies_once_they_end() {
+    let mut n = node(&[], vec![gpu(0, L4)]);
+    n.spec.gpus = vec![GpuConfig {
+        index: 0,
+        uuid: Some("GPU-0".into()),
+        strategy: SharingStrategy::Mps,
+        policy: Some("old".into()),
+        mig: None,
+        mps: Some(Default::default()),
+        time_slicing: None,
+    }];
+    n.allocated
+        .insert(0, BTreeSet::from(["ns/claim".to_string()]));
+    let mut s = snapshot(
+        vec![policy("new", 0, SharingStrategy::Exclusive)],
+        vec![("a", n)],
+    );
+    s.waiting.insert(("a".into(), 0), Duration::from_secs(42));
+    let r = resolve(&s);
+    assert_eq!(
+        strategies(&r, "a"),
+        [(0, SharingStrategy::Mps, Some("new".into()))],
+        "the shape stays, the governing policy is recorded"
+    );
+    assert_eq!(
+        r.policies["new"].waiting["a/0"],
+        (
+            BTreeSet::from(["ns/claim".to_string()]),
+            Duration::from_secs(42)
+        )
+    );
+    assert!(r.waiting.contains(&("a".to_string(), 0)));
+
+    s.nodes.get_mut("a").unwrap().allocated.clear();
+    let r = resolve(&s);
+    assert_eq!(r.specs["a"].gpus[0].strategy, SharingStrategy::Exclusive);
+    assert!(r.waiting.is_empty());
+}
+
+#[test]
+fn a_static_layout_is_planned_and_keeps_instances_that_hold_claims() {
+    let mut p = policy("static", 0, SharingStrategy::Mig);
+    p.spec.mig = Some(MigPolicy {
+        mode: MigMode::Static,
+        layout: vec![
+            MigLayoutEntry {
+                profile: MigProfileName("3g.40gb".into()),
+                count: 1,
+            },
+            MigLayoutEntry {
+                profile: MigProfileName("1g.10gb".into()),
+                count: 2,
+            },
+        ],
+        ..MigPolicy::default()
+    });
+    let mut g = gpu(0, H100);
+    g.instances = vec![MigInstanceState {
+        profile: "1g.10gb".into(),
+        placement_start: 6,
+        placement_size: 1,
+        uuid: "MIG-1".into(),
+        gpu_instance_id: 1,
+        compute_instance_id: 0,
+        claim: Some(ClaimRef {
+            namespace: "ns".into(),
+            name: "c".into(),
+            uid: "u".into(),
+        }),
+        origin: InstanceOrigin::Tessera,
+    }];
+    let r = resolve(&snapshot(vec![p], vec![("a", node(&[], vec![g]))]));
+    let planned: Vec<(String, u32)> = r.specs["a"].gpus[0]
+        .mig
+        .as_ref()
+        .unwrap()
+        .instances
+        .iter()
+        .map(|i| (i.profile.0.clone(), i.start))
+        .collect();
+    assert_eq!(planned.len(), 3, "{planned:?}");
+    assert!(
+        planned.contains(&("1g.10gb".into(), 6)),
+        "the claimed instance stays: {planned:?}"
+    );
+    assert_eq!(planned.iter().filter(|(p, _)| p == "3g.40gb").count(), 1);
+}
+
+#[test]
+fn durations_parse_as_the_crd_allows() {
+    assert_eq!(parse_duration("90s"), Some(Duration::from_secs(90)));
+    assert_eq!(parse_duration("1h30m"), Some(Duration::from_secs(5400)));
+    assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+    assert_eq!(parse_duration("10"), None);
+    assert_eq!(parse_duration("5d"), None);
+}

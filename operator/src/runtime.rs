@@ -1,0 +1,507 @@
+//! The reconcile loop: warm watch caches of the objects resolution reads, and, on the
+//! leader, a pass after every change that writes what differs.
+//!
+//! One pass resolves the whole cluster from a snapshot of the caches (decisions are pure,
+//! see [`crate::resolve`]) and writes only what changed: a `GpuNode.spec` whose resolved
+//! content differs from the stored one (server-side apply, field manager
+//! `tessera-operator`) and a policy status whose content differs (transition times aside).
+//! So a resync, a restart or an unrelated event writes nothing, and every pass may be
+//! repeated or interrupted. Passes are coalesced over [`DEBOUNCE`]: a burst of events
+//! becomes one pass.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    future::Future,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt;
+use k8s_openapi::{
+    api::{core::v1::Node, resource::v1::ResourceClaim},
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{Patch, PatchParams},
+    core::PartialObjectMeta,
+    runtime::{
+        WatchStreamExt,
+        reflector::{self, Store},
+        watcher,
+    },
+};
+use serde_json::json;
+use tessera_api::{
+    GpuNode, GpuNodeSpec, GpuSharingPolicy,
+    constants::{DRIVER_NAME, OPERATOR_FIELD_MANAGER},
+};
+use tokio::sync::{Notify, watch};
+use tracing::{debug, info, warn};
+
+use crate::{
+    metrics::Metrics,
+    policy_status,
+    resolve::{self, NodeView, PolicyView, Snapshot},
+};
+
+/// How long a pass waits after the first event for the rest of a burst.
+pub const DEBOUNCE: Duration = Duration::from_millis(200);
+/// The wait after a failed pass, doubled on each further failure up to [`BACKOFF_MAX`].
+const BACKOFF_START: Duration = Duration::from_millis(500);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// How often a pass runs without any event (it writes nothing unless something changed).
+pub const RESYNC: Duration = Duration::from_secs(300);
+
+/// A pass could not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A write was refused or failed.
+    #[error("writing {what} {name}")]
+    Write {
+        /// `GpuNode spec` or `GpuSharingPolicy status`.
+        what: &'static str,
+        /// The object.
+        name: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
+    /// Leader election stopped: this replica can no longer tell whether it leads, so it
+    /// stops (and is restarted) rather than risk writing next to another leader.
+    #[error("leader election stopped")]
+    LeaseLost,
+    /// A watch cache stopped before it was filled.
+    #[error("the {0} watch stopped before its cache was filled")]
+    CacheNeverReady(&'static str),
+}
+
+/// The watch caches.
+#[derive(Clone)]
+pub struct Caches {
+    policies: Store<GpuSharingPolicy>,
+    gpunodes: Store<GpuNode>,
+    nodes: Store<PartialObjectMeta<Node>>,
+    claims: Store<ResourceClaim>,
+}
+
+impl Caches {
+    /// Starts the watches; `changed` is notified on every event.
+    pub fn start(client: &Client, changed: Arc<Notify>) -> Self {
+        fn spawn<K>(api: Api<K>, changed: Arc<Notify>) -> Store<K>
+        where
+            K: Resource
+                + Clone
+                + std::fmt::Debug
+                + serde::de::DeserializeOwned
+                + Send
+                + Sync
+                + 'static,
+            K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+        {
+            let (store, writer) = reflector::store();
+            let stream = reflector::reflector(
+                writer,
+                watcher(api, watcher::Config::default().any_semantic()),
+            )
+            .default_backoff();
+            tokio::spawn(stream.for_each(move |ev| {
+                match ev {
+                    Ok(_) => changed.notify_one(),
+                    Err(e) => warn!(error = %e, "watch failed; retrying"),
+                }
+                std::future::ready(())
+            }));
+            store
+        }
+        Self {
+            policies: spawn(Api::all(client.clone()), changed.clone()),
+            gpunodes: spawn(Api::all(client.clone()), changed.clone()),
+            nodes: spawn(Api::all(client.clone()), changed.clone()),
+            claims: spawn(Api::all(client.clone()), changed),
+        }
+    }
+
+    /// Waits until every cache holds a full list.
+    pub async fn ready(&self) -> Result<(), Error> {
+        self.policies
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::CacheNeverReady("GpuSharingPolicy"))?;
+        self.gpunodes
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::CacheNeverReady("GpuNode"))?;
+        self.nodes
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::CacheNeverReady("Node"))?;
+        self.claims
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::CacheNeverReady("ResourceClaim"))
+    }
+
+    /// What resolution reads, now. `waiting` holds when each waiting GPU started to wait.
+    fn snapshot(&self, waiting: &BTreeMap<(String, u32), Instant>) -> Snapshot {
+        let labels: BTreeMap<String, BTreeMap<String, String>> = self
+            .nodes
+            .state()
+            .iter()
+            .map(|n| (n.name_any(), n.labels().clone()))
+            .collect();
+        let allocated = allocations(&self.claims.state());
+        let nodes = self
+            .gpunodes
+            .state()
+            .iter()
+            .map(|g| {
+                let name = g.name_any();
+                let view = NodeView {
+                    labels: labels.get(&name).cloned(),
+                    spec: g.spec.clone(),
+                    gpus: g
+                        .status
+                        .as_ref()
+                        .map(|s| s.gpus.clone())
+                        .unwrap_or_default(),
+                    allocated: allocated.get(&name).cloned().unwrap_or_default(),
+                };
+                (name, view)
+            })
+            .collect();
+        let mut policies: Vec<PolicyView> = self
+            .policies
+            .state()
+            .iter()
+            .map(|p| PolicyView {
+                name: p.name_any(),
+                generation: p.metadata.generation,
+                spec: p.spec.clone(),
+            })
+            .collect();
+        policies.sort_by(|a, b| a.name.cmp(&b.name));
+        Snapshot {
+            policies,
+            nodes,
+            waiting: waiting
+                .iter()
+                .map(|(k, since)| (k.clone(), since.elapsed()))
+                .collect(),
+        }
+    }
+}
+
+/// Claims allocated from this driver's devices: node → GPU index → `namespace/name`.
+fn allocations(claims: &[Arc<ResourceClaim>]) -> BTreeMap<String, BTreeMap<u32, BTreeSet<String>>> {
+    let mut out: BTreeMap<String, BTreeMap<u32, BTreeSet<String>>> = BTreeMap::new();
+    for c in claims {
+        let results = c
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.devices.as_ref())
+            .and_then(|d| d.results.as_ref());
+        for r in results
+            .into_iter()
+            .flatten()
+            .filter(|r| r.driver == DRIVER_NAME)
+        {
+            if let Ok(name) = tessera_gpu::naming::parse_device_name(&r.device) {
+                out.entry(r.pool.clone())
+                    .or_default()
+                    .entry(name.gpu())
+                    .or_default()
+                    .insert(format!(
+                        "{}/{}",
+                        c.namespace().unwrap_or_default(),
+                        c.name_any()
+                    ));
+            }
+        }
+    }
+    out
+}
+
+/// The loop's state.
+pub struct Operator {
+    client: Client,
+    caches: Caches,
+    metrics: Arc<Metrics>,
+    /// When each waiting GPU started to wait (lost on restart: the wait starts again).
+    waiting: BTreeMap<(String, u32), Instant>,
+    /// The resourceVersion each object had in the cache when this process last wrote it:
+    /// while the cache still shows that version, the write has not come back through the
+    /// watch yet and the cached content is stale, so it is not written again.
+    /// With it, what was written.
+    written: BTreeMap<(&'static str, String), (Option<String>, serde_json::Value)>,
+}
+
+impl Operator {
+    /// An operator on `caches`.
+    pub fn new(client: Client, caches: Caches, metrics: Arc<Metrics>) -> Self {
+        Self {
+            client,
+            caches,
+            metrics,
+            waiting: BTreeMap::new(),
+            written: BTreeMap::new(),
+        }
+    }
+
+    /// Runs until `shutdown` resolves: a pass after every burst of events and every
+    /// [`RESYNC`], while `leading` says this replica is the leader. `ready` turns `Ok`
+    /// once the caches are filled.
+    pub async fn run(
+        mut self,
+        changed: Arc<Notify>,
+        mut leading: watch::Receiver<bool>,
+        ready: watch::Sender<Result<(), String>>,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), Error> {
+        tokio::pin!(shutdown);
+        tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            r = self.caches.ready() => r?,
+        }
+        info!("watch caches filled");
+        let _ = ready.send(Ok(()));
+        let mut tick = tokio::time::interval(RESYNC);
+        let mut backoff = BACKOFF_START;
+        loop {
+            let lead = *leading.borrow_and_update();
+            self.metrics.leader.set(i64::from(lead));
+            let mut wait = DEBOUNCE;
+            if lead {
+                let started = Instant::now();
+                let result = self.pass().await;
+                self.metrics.observe_pass(started.elapsed(), result.is_ok());
+                match &result {
+                    Ok(()) => backoff = BACKOFF_START,
+                    Err(e) => {
+                        warn!(error = %chain(e), retry_in = ?backoff, "pass failed; retrying");
+                        wait = backoff;
+                        backoff = (backoff * 2).min(BACKOFF_MAX);
+                    }
+                }
+            }
+            tokio::select! {
+                () = &mut shutdown => return Ok(()),
+                () = changed.notified() => {}
+                r = leading.changed() => {
+                    if r.is_err() {
+                        self.metrics.leader.set(0);
+                        return Err(Error::LeaseLost);
+                    }
+                }
+                _ = tick.tick() => {}
+            }
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// One pass: resolve, then write what differs.
+    pub async fn pass(&mut self) -> Result<(), Error> {
+        let snapshot = self.caches.snapshot(&self.waiting);
+        let resolution = resolve::resolve(&snapshot);
+        let now = Instant::now();
+        self.waiting.retain(|k, _| resolution.waiting.contains(k));
+        for k in &resolution.waiting {
+            self.waiting.entry(k.clone()).or_insert(now);
+        }
+        let mut first_error = None;
+        let versions =
+            |objects: Vec<(String, Option<String>)>| -> BTreeMap<String, Option<String>> {
+                objects.into_iter().collect()
+            };
+        let gpunode_versions = versions(
+            self.caches
+                .gpunodes
+                .state()
+                .iter()
+                .map(|g| (g.name_any(), g.resource_version()))
+                .collect(),
+        );
+        for (name, spec) in &resolution.specs {
+            let Some(current) = snapshot.nodes.get(name) else {
+                continue;
+            };
+            let key = ("gpunode", name.clone());
+            let seen = gpunode_versions.get(name).cloned().flatten();
+            let content = serde_json::to_value(spec).unwrap_or_default();
+            if current.spec == *spec || self.in_flight(&key, &seen, &content) {
+                continue;
+            }
+            match self.write_spec(name, spec).await {
+                Ok(()) => {
+                    info!(gpunode = %name, gpus = spec.gpus.len(), "GpuNode spec written");
+                    self.metrics.wrote("gpunode_spec");
+                    self.written.insert(key, (seen, content));
+                }
+                Err(e) => {
+                    self.metrics.error("spec_write");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        type Stored = (
+            Option<tessera_api::policy::GpuSharingPolicyStatus>,
+            Option<String>,
+        );
+        let stored: BTreeMap<String, Stored> = self
+            .caches
+            .policies
+            .state()
+            .iter()
+            .map(|p| (p.name_any(), (p.status.clone(), p.resource_version())))
+            .collect();
+        let ts = Timestamp::now();
+        for policy in &snapshot.policies {
+            let Some(outcome) = resolution.policies.get(&policy.name) else {
+                continue;
+            };
+            let (previous, seen) = stored.get(&policy.name).cloned().unwrap_or_default();
+            let status = policy_status::compute(policy, outcome, previous.as_ref(), ts);
+            let key = ("policy", policy.name.clone());
+            let unchanged = previous
+                .as_ref()
+                .is_some_and(|p| policy_status::same(p, &status));
+            let content = serde_json::to_value(&status).unwrap_or_default();
+            if unchanged || self.in_flight(&key, &seen, &content) {
+                continue;
+            }
+            match self.write_status(&policy.name, &status).await {
+                Ok(()) => {
+                    debug!(policy = %policy.name, "policy status written");
+                    self.metrics.wrote("policy_status");
+                    self.written.insert(key, (seen, content));
+                }
+                Err(e) => {
+                    self.metrics.error("status_write");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        self.record_gauges(&resolution);
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Whether this process already wrote `content` to the object while the cache showed
+    /// version `seen`, and the cache still shows it (the write's echo has not arrived).
+    fn in_flight(
+        &mut self,
+        key: &(&'static str, String),
+        seen: &Option<String>,
+        content: &serde_json::Value,
+    ) -> bool {
+        match self.written.get(key) {
+            Some((v, c)) if v == seen && c == content => true,
+            Some(_) => {
+                self.written.remove(key);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn record_gauges(&self, resolution: &resolve::Resolution) {
+        let mut gpus: BTreeMap<(String, String), i64> = BTreeMap::new();
+        for spec in resolution.specs.values() {
+            for g in &spec.gpus {
+                *gpus
+                    .entry((
+                        g.policy.clone().unwrap_or_default(),
+                        g.strategy.as_str().to_string(),
+                    ))
+                    .or_default() += 1;
+            }
+        }
+        self.metrics.set_gpus(&gpus);
+        let conflicted: BTreeSet<&String> = resolution
+            .policies
+            .values()
+            .flat_map(|o| o.conflicts.values().flatten())
+            .collect();
+        self.metrics
+            .conflicted_gpus
+            .set(i64::try_from(conflicted.len()).unwrap_or(i64::MAX));
+        self.metrics
+            .waiting_gpus
+            .set(i64::try_from(resolution.waiting.len()).unwrap_or(i64::MAX));
+    }
+
+    async fn write_spec(&self, name: &str, spec: &GpuNodeSpec) -> Result<(), Error> {
+        let api: Api<GpuNode> = Api::all(self.client.clone());
+        // An apply that owns no GPU entry any more would leave `spec` empty, and the API
+        // server prunes an empty applied object to null, which the schema refuses: the
+        // last entries are removed with a merge patch instead.
+        let result = if spec.gpus.is_empty() {
+            let params = PatchParams {
+                field_manager: Some(OPERATOR_FIELD_MANAGER.to_string()),
+                ..PatchParams::default()
+            };
+            api.patch(
+                name,
+                &params,
+                &Patch::Merge(json!({"spec": {"gpus": null}})),
+            )
+            .await
+        } else {
+            let patch = json!({
+                "apiVersion": GpuNode::api_version(&()),
+                "kind": GpuNode::kind(&()),
+                "metadata": {"name": name},
+                "spec": spec,
+            });
+            api.patch(
+                name,
+                &PatchParams::apply(OPERATOR_FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+        };
+        result.map(|_| ()).map_err(|source| Error::Write {
+            what: "GpuNode spec",
+            name: name.to_string(),
+            source,
+        })
+    }
+
+    async fn write_status(
+        &self,
+        name: &str,
+        status: &tessera_api::policy::GpuSharingPolicyStatus,
+    ) -> Result<(), Error> {
+        let api: Api<GpuSharingPolicy> = Api::all(self.client.clone());
+        let patch = json!({
+            "apiVersion": GpuSharingPolicy::api_version(&()),
+            "kind": GpuSharingPolicy::kind(&()),
+            "metadata": {"name": name},
+            "status": status,
+        });
+        api.patch_status(
+            name,
+            &PatchParams::apply(OPERATOR_FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|source| Error::Write {
+            what: "GpuSharingPolicy status",
+            name: name.to_string(),
+            source,
+        })
+    }
+}
+
+/// An error with its sources, for one log line.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
+}
