@@ -48,9 +48,10 @@ use crate::schema;
      "messageExpression": "'spec.adaptive is set but strategy is ' + self.strategy + ': remove spec.adaptive or set strategy: Adaptive'"}
 ]))]
 pub struct GpuSharingPolicySpec {
-    /// Which policy wins when several select the same GPU: the highest priority governs it.
-    /// Equal priorities on one GPU are reported in the `Conflicted` condition of both
-    /// policies, and the older policy wins. Default 0.
+    /// Which policy governs a GPU several select: the highest priority. Two or more at the
+    /// highest priority are a conflict: each reports `Conflicted` naming the others and the
+    /// GPUs, and those GPUs keep the configuration they had until the priorities differ.
+    /// Default 0.
     #[serde(default)]
     #[schemars(range(min = -1000, max = 1000))]
     pub priority: i32,

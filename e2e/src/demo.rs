@@ -1,66 +1,104 @@
 //! The demo cluster: three simulated GPU nodes, each with the real kubelet code (a hollow
-//! kubelet) and a real `tessera-plugin`, on a real control plane. Used by `cargo xtask demo` and by the
-//! end-to-end test that applies `config/workloads` verbatim, so the demo cannot rot.
+//! kubelet) and a real `tessera-plugin`, and the real `tessera-operator`, on a real control
+//! plane; the sample policies of `config/samples` decide what each GPU offers. Used by
+//! `cargo xtask demo` and by the end-to-end test that applies `config/workloads` verbatim,
+//! so the demo cannot rot.
 
 use std::time::Duration;
 
 use anyhow::Context;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
     Api,
     api::{ListParams, Patch, PatchParams},
 };
 use serde_json::json;
-use tessera_api::{GpuNode, constants::OPERATOR_FIELD_MANAGER};
+use tessera_api::GpuNode;
 
-use crate::{ControlPlane, cluster, plugin::SimNode, repo_root};
+use crate::{
+    ControlPlane, cluster, operator::OperatorProcess, plugin::SimNode, repo_root, wait::eventually,
+};
 
-/// The simulated nodes of the demo: (name, inventory).
-pub const NODES: [(&str, &str); 3] = [
+/// The simulated nodes of the demo: (name, the `tessera.dev/pool` label the sample
+/// policies select, inventory).
+pub const NODES: [(&str, &str, &str); 3] = [
     (
         "gpu-h100",
+        "inference",
         "gpus: [{model: h100-80gb}, {model: h100-80gb}]\n",
     ),
-    ("gpu-a100", "gpus: [{model: a100-40gb, migEnabled: true}]\n"),
-    ("gpu-l4", "gpus: [{model: l4}, {model: l4}]\n"),
+    (
+        "gpu-a100",
+        "training",
+        "gpus: [{model: a100-40gb, migEnabled: true}]\n",
+    ),
+    (
+        "gpu-l4",
+        "edge-inference",
+        "gpus: [{model: l4}, {model: l4}]\n",
+    ),
 ];
 
-/// A running demo cluster. Dropping it stops the plugins (the control plane is the
-/// caller's).
+/// How long the operator and plugins may take to bring every node to its policy.
+const SETTLE: Duration = Duration::from_secs(90);
+
+/// A running demo cluster. Dropping it stops the operator and the plugins (the control
+/// plane is the caller's).
 pub struct DemoCluster {
     /// The simulated nodes.
     pub nodes: Vec<SimNode>,
+    /// The operator.
+    pub operator: OperatorProcess,
 }
 
 impl DemoCluster {
-    /// Installs RBAC and DeviceClasses, starts the nodes, and shares the first L4 with MPS
-    /// (what the operator will do from a policy; done by hand until it lands).
+    /// Installs RBAC and DeviceClasses, starts the nodes with their pool labels and the
+    /// operator, applies `config/samples` and waits until every node's plugin has applied
+    /// the spec the operator resolved for it.
     pub async fn start(cp: &ControlPlane, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Self> {
         let client = cp.admin_client().await?;
         cluster::apply_dir(&client, &repo_root().join("config/deviceclasses"), false).await?;
         let mut nodes = Vec::new();
-        for (name, inventory) in NODES {
-            progress(&format!("starting node {name} ({})", inventory.trim()));
+        let node_api: Api<Node> = Api::all(client.clone());
+        for (name, pool, inventory) in NODES {
+            progress(&format!(
+                "starting node {name} (tessera.dev/pool={pool}; {})",
+                inventory.trim()
+            ));
             let node = SimNode::start(cp, name, inventory)
                 .await
                 .with_context(|| format!("starting simulated node {name}"))?;
+            node_api
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": {"tessera.dev/pool": pool}}})),
+                )
+                .await
+                .with_context(|| format!("labelling node {name}"))?;
             nodes.push(node);
         }
+        progress("starting tessera-operator (its own ServiceAccount, leader election on)");
+        let operator = OperatorProcess::start(cp, "tessera-operator-0", true).await?;
+        progress("applying config/samples");
+        cluster::apply_dir(&client, &repo_root().join("config/samples"), false).await?;
         let gpunodes: Api<GpuNode> = Api::all(client);
-        gpunodes
-            .patch(
-                "gpu-l4",
-                &PatchParams::apply(OPERATOR_FIELD_MANAGER).force(),
-                &Patch::Apply(json!({
-                    "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
-                    "metadata": {"name": "gpu-l4"},
-                    "spec": {"gpus": [{"index": 0, "strategy": "MPS", "policy": "l4-mps-shares",
-                                       "mps": {"maxClients": 8}}]}
-                })),
+        for (name, _, _) in NODES {
+            eventually(
+                &format!("{name}'s plugin to apply the operator's spec"),
+                SETTLE,
+                || async {
+                    let g = gpunodes.get(name).await.ok()?;
+                    let generation = g.metadata.generation?;
+                    let status = g.status.as_ref()?;
+                    (!g.spec.gpus.is_empty() && status.observed_generation == Some(generation))
+                        .then_some(())
+                },
             )
             .await
-            .context("sharing gpu-l4's GPU 0 with MPS")?;
-        Ok(Self { nodes })
+            .map_err(|e| anyhow::anyhow!("{e}\noperator log:\n{}", operator.log_tail(20)))?;
+        }
+        Ok(Self { nodes, operator })
     }
 
     /// Applies `config/workloads` and waits until every pod runs.

@@ -26,20 +26,31 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    println!("==> building tessera-plugin");
-    cargo(&["build", "--quiet", "-p", "tessera-plugin", "--bins"], &[])?;
+    println!("==> building tessera-plugin and tessera-operator");
+    cargo(
+        &[
+            "build",
+            "--quiet",
+            "-p",
+            "tessera-plugin",
+            "-p",
+            "tessera-operator",
+            "--bins",
+        ],
+        &[],
+    )?;
     let cp = controlplane::start(args.version, "default").await?;
     let client = cp.admin_client().await?;
     let root = repo_root()?;
-    println!("\n==> installing CRDs, RBAC, DeviceClasses and sample policies");
+    println!("\n==> installing CRDs, RBAC and DeviceClasses");
     cluster::install_crds(&client, &tessera_api::crds::all()).await?;
-    for dir in ["config/rbac", "config/deviceclasses", "config/samples"] {
+    for dir in ["config/rbac", "config/deviceclasses"] {
         for applied in cluster::apply_dir(&client, &root.join(dir), false).await? {
             println!("    {}", applied.object);
         }
     }
     println!(
-        "\n==> starting three simulated GPU nodes (the real kubelet code and a real tessera-plugin each)"
+        "\n==> starting three simulated GPU nodes (the real kubelet code and a real tessera-plugin each), the operator, and the sample policies"
     );
     let demo = DemoCluster::start(&cp, &mut |line| println!("    {line}")).await?;
     println!("\n==> running the sample workloads in config/workloads");
@@ -48,9 +59,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     let kubectl = cp.bins().path("kubectl");
     for what in [
-        vec!["get", "nodes", "-L", "tessera.dev/gpu"],
+        vec!["get", "nodes", "-L", "tessera.dev/pool"],
         vec!["get", "gsp"],
+        vec!["describe", "gsp", "l4-mps-shares"],
         vec!["get", "gpunodes"],
+        vec![
+            "get",
+            "gpunodes",
+            "-o",
+            "custom-columns=NODE:.metadata.name,GPU:.spec.gpus[*].index,STRATEGY:.spec.gpus[*].strategy,POLICY:.spec.gpus[*].policy",
+        ],
         vec!["get", "pods", "-o", "wide"],
         vec![
             "get",

@@ -341,13 +341,46 @@ async fn the_demo_workloads_run_as_shipped_on_the_demo_nodes() {
     let pods = demo.run_workloads(&cp, WAIT).await.unwrap();
     assert_eq!(pods.len(), 4, "every pod in config/workloads runs");
     let client = cp.admin_client().await.unwrap();
+    // What `kubectl get gsp` shows after the demo: the policies for the demo's pools
+    // govern their GPUs; the others match no node.
+    let policies: Api<tessera_api::GpuSharingPolicy> = Api::all(client.clone());
+    let ready = |p: &tessera_api::GpuSharingPolicy| {
+        let s = p.status.clone().unwrap_or_default();
+        let ready = s.conditions.iter().find(|c| c.type_ == "Ready").cloned();
+        (
+            s.matched_nodes,
+            s.matched_gpus,
+            ready.map(|c| (c.status, c.reason)).unwrap_or_default(),
+        )
+    };
+    let want = [
+        ("h100-inference-dynamic-mig", (1, 2, ("True", "Governing"))),
+        ("a100-static-4g-3g", (1, 1, ("True", "Governing"))),
+        ("l4-mps-shares", (1, 2, ("True", "Governing"))),
+        ("dev-time-slicing", (0, 0, ("False", "NoMatchingNodes"))),
+        ("research-adaptive", (0, 0, ("False", "NoMatchingNodes"))),
+        ("batch-exclusive", (0, 0, ("False", "NoMatchingNodes"))),
+    ];
+    for (name, (nodes, gpus, (status, reason))) in want {
+        let got = eventually(&format!("policy {name}'s status"), WAIT, || async {
+            let p = policies.get(name).await.ok()?;
+            let got = ready(&p);
+            (got == (nodes, gpus, (status.to_string(), reason.to_string()))).then_some(got)
+        })
+        .await;
+        assert!(
+            got.is_ok(),
+            "{name}: {:?}",
+            policies.get(name).await.map(|p| ready(&p))
+        );
+    }
     let claims: Api<ResourceClaim> = Api::namespaced(client, "default");
     let mut devices: Vec<(String, String)> = Vec::new();
     for c in claims.list(&ListParams::default()).await.unwrap() {
         devices.push(allocated(&c));
     }
     devices.sort();
-    // The MPS share lands on the L4 the GpuNode spec shares; the MIG partitions on MIG GPUs.
+    // The MPS share lands on an L4 (the sample shares both); the MIG partitions on MIG GPUs.
     assert!(
         devices.contains(&("gpu-l4".into(), "gpu-0-mps".into())),
         "{devices:?}"
