@@ -14,6 +14,7 @@ pub mod constants;
 pub mod crds;
 pub mod gpunode;
 pub mod policy;
+pub mod quantity;
 mod schema;
 
 pub use gpunode::{GpuNode, GpuNodeSpec, GpuNodeStatus};

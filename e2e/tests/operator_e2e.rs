@@ -211,6 +211,21 @@ async fn sample_policies_become_gpunode_specs_the_slices_follow_and_a_restart_wr
     let written = op.writes("gpunode_spec").await;
     assert_eq!(written, 2, "one spec write per GpuNode whose spec changed");
 
+    // Settled: the policies' figures count what the plugins now publish.
+    eventually("the policies' device figures", WAIT, || async {
+        let mps = api.get("l4-mps-shares").await.ok()?.status?;
+        let mig = api.get("h100-inference-dynamic-mig").await.ok()?.status?;
+        let published = |s: &tessera_api::GpuSharingPolicyStatus, t: &str| {
+            s.devices
+                .iter()
+                .filter(|d| d.device_type == t)
+                .map(|d| d.published)
+                .sum::<u32>()
+        };
+        (published(&mps, "mps") == 2 && published(&mig, "mig") > 0).then_some(())
+    })
+    .await
+    .unwrap();
     // A restarted operator finds everything as it should be and writes nothing.
     op.restart().await.unwrap();
     wait_passes(&op, 1.0).await;
@@ -266,6 +281,21 @@ async fn equal_priorities_conflict_and_keep_the_gpu_until_one_policy_goes() {
     assert!(msg.contains("priority 5 ties with x on l4-1/0"), "{msg}");
     let msg = wait_condition(&client, "x", "Conflicted", "True", "PriorityTie").await;
     assert!(msg.contains("ties with y on l4-1/0"), "{msg}");
+    // `kubectl describe gsp y` shows it as an event too.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+    eventually("a PriorityTie event on policy y", WAIT, || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("PriorityTie")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("y")
+                    && e.reporting_controller.as_deref() == Some("tessera-operator")
+            })
+            .map(|_| ())
+    })
+    .await
+    .unwrap();
     assert_eq!(
         spec_of(&client, "l4-1").await,
         [(0, SharingStrategy::Mps, Some("x".to_string()))],

@@ -80,11 +80,11 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
     let caches = Caches::start(&client, changed.clone());
     // Without leader election this process always leads; the sender lives as long as it.
     let (_always, always_leading) = watch::channel(true);
+    let identity = args
+        .leader_election_identity
+        .clone()
+        .unwrap_or_else(default_identity);
     let (leading, _lease_task) = if args.leader_elect {
-        let identity = args
-            .leader_election_identity
-            .clone()
-            .unwrap_or_else(default_identity);
         let lease_error = |source| Error::Lease {
             namespace: args.leader_election_namespace.clone(),
             name: args.leader_election_lease.clone(),
@@ -107,7 +107,7 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
     } else {
         (always_leading, None)
     };
-    Operator::new(client, caches, metrics)
+    Operator::new(client, caches, metrics, &identity)
         .run(changed, leading, ready_tx, shutdown)
         .await?;
     info!("stopped");

@@ -4,12 +4,14 @@
 //!   picks.
 //! - [`resolve`]: which policy governs each GPU and the `GpuNode.spec` that follows (pure
 //!   functions of a [`resolve::Snapshot`]); [`static_plan`]: the placements of a static
-//!   MIG layout; [`policy_status`]: what each policy's status says.
+//!   MIG layout; [`policy_status`]: what each policy's status says; [`usage`]: what its
+//!   GPUs publish and what claims hold; [`events`]: which decisions become events.
 //! - [`runtime`]: the watch caches and the loop that writes what differs; [`app`]: the
 //!   wiring [`run`] starts; [`config`], [`metrics`], [`http`].
 
 pub mod app;
 pub mod config;
+pub mod events;
 pub mod http;
 pub mod metrics;
 pub mod policy_status;
@@ -17,5 +19,6 @@ pub mod resolve;
 pub mod runtime;
 pub mod selector;
 pub mod static_plan;
+pub mod usage;
 
 pub use app::{Error as RunError, run};

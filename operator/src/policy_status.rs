@@ -15,16 +15,20 @@ use tessera_api::{
     policy::GpuSharingPolicyStatus,
 };
 
-use crate::resolve::{PolicyOutcome, PolicyView, drain_timeout};
+use crate::{
+    resolve::{PolicyOutcome, PolicyView, drain_timeout},
+    usage::Usage,
+};
 
 /// At most this many GPUs or claims are named in one message; the rest are counted.
 const NAMED: usize = 5;
 
-/// The status of `policy` given what resolution made of it; `previous` keeps transition
-/// times.
+/// The status of `policy` given what resolution made of it and what its GPUs hold;
+/// `previous` keeps transition times.
 pub fn compute(
     policy: &PolicyView,
     outcome: &PolicyOutcome,
+    usage: &Usage,
     previous: Option<&GpuSharingPolicyStatus>,
     now: Timestamp,
 ) -> GpuSharingPolicyStatus {
@@ -56,11 +60,11 @@ pub fn compute(
         ],
         matched_nodes: count(outcome.matched_nodes.len()),
         matched_gpus: count(outcome.governed.len()),
-        // Filled from the slices and claims by the usage pass.
-        devices: previous.map(|p| p.devices.clone()).unwrap_or_default(),
-        allocated_compute_percent: previous.map_or(0, |p| p.allocated_compute_percent),
-        allocated_memory_percent: previous.map_or(0, |p| p.allocated_memory_percent),
-        allocated_percent: previous.and_then(|p| p.allocated_percent.clone()),
+        devices: usage.devices.clone(),
+        allocated_compute_percent: usage.compute_percent,
+        allocated_memory_percent: usage.memory_percent,
+        allocated_percent: (!outcome.governed.is_empty())
+            .then(|| format!("{}%", usage.compute_percent)),
     }
 }
 
@@ -317,7 +321,13 @@ mod tests {
             governed: set(&["a/0", "a/1", "b/0"]),
             ..PolicyOutcome::default()
         };
-        let s = compute(&policy(0), &outcome, None, Timestamp::now());
+        let s = compute(
+            &policy(0),
+            &outcome,
+            &Usage::default(),
+            None,
+            Timestamp::now(),
+        );
         assert_eq!((s.matched_nodes, s.matched_gpus), (2, 3));
         assert_eq!(s.observed_generation, Some(3));
         let ready = get(&s, types::READY);
@@ -335,7 +345,13 @@ mod tests {
             conflicts: BTreeMap::from([("other".to_string(), set(&["a/0", "a/1"]))]),
             ..PolicyOutcome::default()
         };
-        let s = compute(&policy(5), &outcome, None, Timestamp::now());
+        let s = compute(
+            &policy(5),
+            &outcome,
+            &Usage::default(),
+            None,
+            Timestamp::now(),
+        );
         let c = get(&s, types::CONFLICTED);
         assert_eq!(
             (c.status.as_str(), c.reason.as_str()),
@@ -365,14 +381,14 @@ mod tests {
             )]),
             ..PolicyOutcome::default()
         };
-        let s = compute(&p, &outcome, None, Timestamp::now());
+        let s = compute(&p, &outcome, &Usage::default(), None, Timestamp::now());
         assert_eq!(
             get(&s, types::PROGRESSING).reason,
             reasons::WAITING_FOR_CLAIMS
         );
         assert_eq!(get(&s, types::DEGRADED).status, "False");
         outcome.waiting.get_mut("a/0").unwrap().1 = Duration::from_secs(61);
-        let s = compute(&p, &outcome, None, Timestamp::now());
+        let s = compute(&p, &outcome, &Usage::default(), None, Timestamp::now());
         let d = get(&s, types::DEGRADED);
         assert_eq!(
             (d.status.as_str(), d.reason.as_str()),
@@ -389,8 +405,20 @@ mod tests {
             governed: set(&["a/0"]),
             ..PolicyOutcome::default()
         };
-        let first = compute(&policy(0), &outcome, None, Timestamp::UNIX_EPOCH);
-        let again = compute(&policy(0), &outcome, Some(&first), Timestamp::now());
+        let first = compute(
+            &policy(0),
+            &outcome,
+            &Usage::default(),
+            None,
+            Timestamp::UNIX_EPOCH,
+        );
+        let again = compute(
+            &policy(0),
+            &outcome,
+            &Usage::default(),
+            Some(&first),
+            Timestamp::now(),
+        );
         assert_eq!(first, again, "nothing changed, not even a timestamp");
         assert!(same(&first, &again));
     }
@@ -400,6 +428,7 @@ mod tests {
         let s = compute(
             &policy(0),
             &PolicyOutcome::default(),
+            &Usage::default(),
             None,
             Timestamp::now(),
         );

@@ -18,7 +18,10 @@ use std::{
 
 use futures::StreamExt;
 use k8s_openapi::{
-    api::{core::v1::Node, resource::v1::ResourceClaim},
+    api::{
+        core::v1::Node,
+        resource::v1::{ResourceClaim, ResourceSlice},
+    },
     jiff::Timestamp,
 };
 use kube::{
@@ -40,9 +43,11 @@ use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
 use crate::{
+    events::{self, Events},
     metrics::Metrics,
     policy_status,
     resolve::{self, NodeView, PolicyView, Snapshot},
+    usage::{self, GpuSize, Supply},
 };
 
 /// How long a pass waits after the first event for the rest of a burst.
@@ -83,12 +88,13 @@ pub struct Caches {
     gpunodes: Store<GpuNode>,
     nodes: Store<PartialObjectMeta<Node>>,
     claims: Store<ResourceClaim>,
+    slices: Store<ResourceSlice>,
 }
 
 impl Caches {
     /// Starts the watches; `changed` is notified on every event.
     pub fn start(client: &Client, changed: Arc<Notify>) -> Self {
-        fn spawn<K>(api: Api<K>, changed: Arc<Notify>) -> Store<K>
+        fn spawn<K>(api: Api<K>, config: watcher::Config, changed: Arc<Notify>) -> Store<K>
         where
             K: Resource
                 + Clone
@@ -100,11 +106,8 @@ impl Caches {
             K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
         {
             let (store, writer) = reflector::store();
-            let stream = reflector::reflector(
-                writer,
-                watcher(api, watcher::Config::default().any_semantic()),
-            )
-            .default_backoff();
+            let stream =
+                reflector::reflector(writer, watcher(api, config.any_semantic())).default_backoff();
             tokio::spawn(stream.for_each(move |ev| {
                 match ev {
                     Ok(_) => changed.notify_one(),
@@ -114,11 +117,17 @@ impl Caches {
             }));
             store
         }
+        let all = watcher::Config::default;
         Self {
-            policies: spawn(Api::all(client.clone()), changed.clone()),
-            gpunodes: spawn(Api::all(client.clone()), changed.clone()),
-            nodes: spawn(Api::all(client.clone()), changed.clone()),
-            claims: spawn(Api::all(client.clone()), changed),
+            policies: spawn(Api::all(client.clone()), all(), changed.clone()),
+            gpunodes: spawn(Api::all(client.clone()), all(), changed.clone()),
+            nodes: spawn(Api::all(client.clone()), all(), changed.clone()),
+            claims: spawn(Api::all(client.clone()), all(), changed.clone()),
+            slices: spawn(
+                Api::all(client.clone()),
+                all().fields(&format!("spec.driver={DRIVER_NAME}")),
+                changed,
+            ),
         }
     }
 
@@ -139,7 +148,32 @@ impl Caches {
         self.claims
             .wait_until_ready()
             .await
-            .map_err(|_| Error::CacheNeverReady("ResourceClaim"))
+            .map_err(|_| Error::CacheNeverReady("ResourceClaim"))?;
+        self.slices
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::CacheNeverReady("ResourceSlice"))
+    }
+
+    /// What the GPUs publish and what claims hold, for the policies' usage figures.
+    fn supply(&self, snapshot: &Snapshot) -> Supply {
+        let mut sizes = BTreeMap::new();
+        for (node, view) in &snapshot.nodes {
+            for g in &view.gpus {
+                let compute_slices = tessera_gpu::find_model(&g.product_name)
+                    .ok()
+                    .and_then(|m| m.mig.as_ref())
+                    .map(|l| u32::from(l.compute_slices));
+                sizes.insert(
+                    (node.clone(), g.index),
+                    GpuSize {
+                        memory_mib: g.memory_mi_b,
+                        compute_slices,
+                    },
+                );
+            }
+        }
+        Supply::read(&self.slices.state(), &self.claims.state(), sizes)
     }
 
     /// What resolution reads, now. `waiting` holds when each waiting GPU started to wait.
@@ -228,6 +262,7 @@ pub struct Operator {
     client: Client,
     caches: Caches,
     metrics: Arc<Metrics>,
+    events: Events,
     /// When each waiting GPU started to wait (lost on restart: the wait starts again).
     waiting: BTreeMap<(String, u32), Instant>,
     /// The resourceVersion each object had in the cache when this process last wrote it:
@@ -238,9 +273,10 @@ pub struct Operator {
 }
 
 impl Operator {
-    /// An operator on `caches`.
-    pub fn new(client: Client, caches: Caches, metrics: Arc<Metrics>) -> Self {
+    /// An operator on `caches`; its events name it `identity`.
+    pub fn new(client: Client, caches: Caches, metrics: Arc<Metrics>, identity: &str) -> Self {
         Self {
+            events: Events::new(client.clone(), identity),
             client,
             caches,
             metrics,
@@ -322,6 +358,13 @@ impl Operator {
                 .map(|g| (g.name_any(), g.resource_version()))
                 .collect(),
         );
+        let gpunode_refs: BTreeMap<String, k8s_openapi::api::core::v1::ObjectReference> = self
+            .caches
+            .gpunodes
+            .state()
+            .iter()
+            .map(|g| (g.name_any(), g.object_ref(&())))
+            .collect();
         for (name, spec) in &resolution.specs {
             let Some(current) = snapshot.nodes.get(name) else {
                 continue;
@@ -334,9 +377,13 @@ impl Operator {
             }
             match self.write_spec(name, spec).await {
                 Ok(()) => {
-                    info!(gpunode = %name, gpus = spec.gpus.len(), "GpuNode spec written");
+                    let changes = events::spec_changes(&current.spec, spec);
+                    info!(gpunode = %name, gpus = spec.gpus.len(), changes = ?changes, "GpuNode spec written");
                     self.metrics.wrote("gpunode_spec");
                     self.written.insert(key, (seen, content));
+                    if let Some(g) = gpunode_refs.get(name) {
+                        self.events.reconfigured(g, &changes).await;
+                    }
                 }
                 Err(e) => {
                     self.metrics.error("spec_write");
@@ -347,21 +394,31 @@ impl Operator {
         type Stored = (
             Option<tessera_api::policy::GpuSharingPolicyStatus>,
             Option<String>,
+            k8s_openapi::api::core::v1::ObjectReference,
         );
         let stored: BTreeMap<String, Stored> = self
             .caches
             .policies
             .state()
             .iter()
-            .map(|p| (p.name_any(), (p.status.clone(), p.resource_version())))
+            .map(|p| {
+                (
+                    p.name_any(),
+                    (p.status.clone(), p.resource_version(), p.object_ref(&())),
+                )
+            })
             .collect();
+        let supply = self.caches.supply(&snapshot);
         let ts = Timestamp::now();
         for policy in &snapshot.policies {
             let Some(outcome) = resolution.policies.get(&policy.name) else {
                 continue;
             };
-            let (previous, seen) = stored.get(&policy.name).cloned().unwrap_or_default();
-            let status = policy_status::compute(policy, outcome, previous.as_ref(), ts);
+            let Some((previous, seen, object)) = stored.get(&policy.name).cloned() else {
+                continue;
+            };
+            let usage = usage::usage(&outcome.governed, &supply);
+            let status = policy_status::compute(policy, outcome, &usage, previous.as_ref(), ts);
             let key = ("policy", policy.name.clone());
             let unchanged = previous
                 .as_ref()
@@ -375,6 +432,9 @@ impl Operator {
                     debug!(policy = %policy.name, "policy status written");
                     self.metrics.wrote("policy_status");
                     self.written.insert(key, (seen, content));
+                    for ev in events::policy_events(previous.as_ref(), &status) {
+                        self.events.publish(&ev, &object).await;
+                    }
                 }
                 Err(e) => {
                     self.metrics.error("status_write");

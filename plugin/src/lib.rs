@@ -22,7 +22,7 @@ pub mod http;
 pub mod kubelet;
 pub mod metrics;
 pub mod node;
-pub mod quantity;
+pub use tessera_api::quantity;
 pub mod ratelimit;
 pub mod slices;
 pub mod state;

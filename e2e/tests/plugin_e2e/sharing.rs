@@ -374,6 +374,29 @@ async fn the_demo_workloads_run_as_shipped_on_the_demo_nodes() {
             policies.get(name).await.map(|p| ready(&p))
         );
     }
+    // The H100 policy's GPUs hold the 1g and the 3g partitions and the whole GPU: its
+    // status counts them and the share of compute they hold.
+    let usage = eventually("the H100 policy's allocation figures", WAIT, || async {
+        let s = policies
+            .get("h100-inference-dynamic-mig")
+            .await
+            .ok()?
+            .status?;
+        let allocated: u32 = s.devices.iter().map(|d| d.allocated).sum();
+        (allocated == 3).then_some(s)
+    })
+    .await
+    .unwrap();
+    let mig_3g = usage
+        .devices
+        .iter()
+        .find(|d| d.profile.as_deref() == Some("3g.40gb"))
+        .unwrap();
+    assert_eq!(mig_3g.allocated, 1, "{:?}", usage.devices);
+    assert!(mig_3g.published >= 1, "{:?}", usage.devices);
+    // 3/7 + 1/7 of one H100 and all of the other, over two GPUs.
+    assert_eq!(usage.allocated_compute_percent, 79, "{usage:?}");
+    assert_eq!(usage.allocated_percent.as_deref(), Some("79%"));
     let claims: Api<ResourceClaim> = Api::namespaced(client, "default");
     let mut devices: Vec<(String, String)> = Vec::new();
     for c in claims.list(&ListParams::default()).await.unwrap() {

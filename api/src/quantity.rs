@@ -1,4 +1,4 @@
-//! The few Kubernetes quantities the plugin reads and writes: memory sizes and plain
+//! The few Kubernetes quantities Tessera reads and writes: memory sizes and plain
 //! integers (compute percent). A full `resource.Quantity` parser is not needed: capacities
 //! we publish are whole MiB, and the scheduler rounds requests to our request policy.
 

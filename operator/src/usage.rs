@@ -1,0 +1,368 @@
+//! What a policy's GPUs publish and what claims hold of them, for the policy's status
+//! (pure). Read from this driver's ResourceSlices and the allocations of ResourceClaims.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use tessera_api::{constants::DRIVER_NAME, policy::DeviceUsage, quantity::parse_mib};
+
+/// A published device, by the GPU it belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Published {
+    /// Device type attribute (`gpu`, `mig`, `mps`, `timeslice`).
+    pub device_type: String,
+    /// MIG profile, for MIG devices.
+    pub profile: Option<String>,
+    /// Compute slices of a MIG device (its `computeSlices` capacity).
+    pub compute_slices: Option<u32>,
+    /// Memory of a MIG device (its `memory` capacity).
+    pub memory_mib: Option<u64>,
+}
+
+/// One allocation result on one of this driver's devices.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Allocated {
+    /// Pool (= node) and device name.
+    pub pool: String,
+    /// Device name.
+    pub device: String,
+    /// `consumedCapacity.computePercent` (MPS shares).
+    pub compute_percent: Option<u32>,
+    /// `consumedCapacity.memory` (MPS shares).
+    pub memory_mib: Option<u64>,
+}
+
+/// A GPU's size, for the shares.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuSize {
+    /// Its memory.
+    pub memory_mib: u64,
+    /// Its compute slices, when it can do MIG.
+    pub compute_slices: Option<u32>,
+}
+
+/// Everything usage reads, indexed by GPU (`node`, index).
+#[derive(Clone, Debug, Default)]
+pub struct Supply {
+    /// Published devices by GPU and device name.
+    pub published: BTreeMap<(String, u32), BTreeMap<String, Published>>,
+    /// Allocations by GPU.
+    pub allocated: BTreeMap<(String, u32), Vec<Allocated>>,
+    /// The GPUs' sizes.
+    pub sizes: BTreeMap<(String, u32), GpuSize>,
+}
+
+impl Supply {
+    /// Indexes the slices and claims of this driver.
+    pub fn read(
+        slices: &[std::sync::Arc<ResourceSlice>],
+        claims: &[std::sync::Arc<ResourceClaim>],
+        sizes: BTreeMap<(String, u32), GpuSize>,
+    ) -> Self {
+        let mut supply = Self {
+            sizes,
+            ..Self::default()
+        };
+        // Only the newest generation of each pool is what the scheduler uses.
+        let mut newest: BTreeMap<&str, i64> = BTreeMap::new();
+        for s in slices.iter().filter(|s| s.spec.driver == DRIVER_NAME) {
+            let g = newest.entry(s.spec.pool.name.as_str()).or_insert(i64::MIN);
+            *g = (*g).max(s.spec.pool.generation);
+        }
+        for s in slices.iter().filter(|s| s.spec.driver == DRIVER_NAME) {
+            if newest.get(s.spec.pool.name.as_str()) != Some(&s.spec.pool.generation) {
+                continue;
+            }
+            for d in s.spec.devices.iter().flatten() {
+                let Ok(name) = tessera_gpu::naming::parse_device_name(&d.name) else {
+                    continue;
+                };
+                let attr = |k: &str| {
+                    d.attributes
+                        .as_ref()
+                        .and_then(|a| a.get(k))
+                        .and_then(|a| a.string.clone())
+                };
+                let cap = |k: &str| {
+                    d.capacity
+                        .as_ref()
+                        .and_then(|c| c.get(k))
+                        .map(|c| c.value.0.clone())
+                };
+                supply
+                    .published
+                    .entry((s.spec.pool.name.clone(), name.gpu()))
+                    .or_default()
+                    .insert(
+                        d.name.clone(),
+                        Published {
+                            device_type: attr("type").unwrap_or_default(),
+                            profile: attr("profile"),
+                            compute_slices: cap("computeSlices").and_then(|q| q.parse().ok()),
+                            memory_mib: cap("memory").and_then(|q| parse_mib(&q)),
+                        },
+                    );
+            }
+        }
+        for c in claims {
+            let results = c
+                .status
+                .as_ref()
+                .and_then(|s| s.allocation.as_ref())
+                .and_then(|a| a.devices.as_ref())
+                .and_then(|d| d.results.as_ref());
+            for r in results
+                .into_iter()
+                .flatten()
+                .filter(|r| r.driver == DRIVER_NAME)
+            {
+                let Ok(name) = tessera_gpu::naming::parse_device_name(&r.device) else {
+                    continue;
+                };
+                let consumed = |k: &str| {
+                    r.consumed_capacity
+                        .as_ref()
+                        .and_then(|c| c.get(k))
+                        .map(|q| q.0.clone())
+                };
+                supply
+                    .allocated
+                    .entry((r.pool.clone(), name.gpu()))
+                    .or_default()
+                    .push(Allocated {
+                        pool: r.pool.clone(),
+                        device: r.device.clone(),
+                        compute_percent: consumed("computePercent").and_then(|q| q.parse().ok()),
+                        memory_mib: consumed("memory").and_then(|q| parse_mib(&q)),
+                    });
+            }
+        }
+        supply
+    }
+}
+
+/// A policy's devices and allocated shares.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Usage {
+    /// Published and allocated devices per type and profile.
+    pub devices: Vec<DeviceUsage>,
+    /// Share of the governed GPUs' compute held by claims, in percent.
+    pub compute_percent: u32,
+    /// Share of the governed GPUs' memory held by claims, in percent.
+    pub memory_percent: u32,
+}
+
+/// The usage of the GPUs in `governed` (`node/index`).
+pub fn usage(governed: &BTreeSet<String>, supply: &Supply) -> Usage {
+    let mut kinds: BTreeMap<(String, Option<String>), (u32, u32)> = BTreeMap::new();
+    let (mut compute, mut memory) = (0.0f64, 0.0f64);
+    let mut gpus = 0u32;
+    for gpu_ref in governed {
+        let Some(key) = parse_gpu_ref(gpu_ref) else {
+            continue;
+        };
+        gpus += 1;
+        let published = supply.published.get(&key);
+        for p in published.into_iter().flat_map(BTreeMap::values) {
+            kinds
+                .entry((p.device_type.clone(), p.profile.clone()))
+                .or_default()
+                .0 += 1;
+        }
+        let size = supply.sizes.get(&key).copied().unwrap_or_default();
+        let (mut c, mut m) = (0.0f64, 0.0f64);
+        for a in supply.allocated.get(&key).into_iter().flatten() {
+            let device = published.and_then(|p| p.get(&a.device));
+            let kind = device.map_or_else(
+                || guess_type(&a.device).to_string(),
+                |d| d.device_type.clone(),
+            );
+            kinds
+                .entry((kind.clone(), device.and_then(|d| d.profile.clone())))
+                .or_default()
+                .1 += 1;
+            let (dc, dm) = share(&kind, device, a, size);
+            c += dc;
+            m += dm;
+        }
+        compute += c.min(1.0);
+        memory += m.min(1.0);
+    }
+    let percent = |used: f64| {
+        if gpus == 0 {
+            0
+        } else {
+            // At most 100 by construction; rounding keeps a single allocation visible.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let p = (used / f64::from(gpus) * 100.0).round() as u32;
+            p.min(100)
+        }
+    };
+    Usage {
+        devices: kinds
+            .into_iter()
+            .map(
+                |((device_type, profile), (published, allocated))| DeviceUsage {
+                    device_type,
+                    profile,
+                    published,
+                    allocated,
+                },
+            )
+            .collect(),
+        compute_percent: percent(compute),
+        memory_percent: percent(memory),
+    }
+}
+
+/// The fraction of its GPU's compute and memory one allocation holds.
+fn share(kind: &str, device: Option<&Published>, a: &Allocated, size: GpuSize) -> (f64, f64) {
+    let of = |part: u64, whole: u64| {
+        if whole == 0 {
+            0.0
+        } else {
+            #[allow(clippy::cast_precision_loss)]
+            let f = part as f64 / whole as f64;
+            f
+        }
+    };
+    match kind {
+        "mig" => {
+            let slices = device.and_then(|d| d.compute_slices).unwrap_or(0);
+            let total = size.compute_slices.unwrap_or(0);
+            (
+                of(u64::from(slices), u64::from(total)),
+                of(
+                    device.and_then(|d| d.memory_mib).unwrap_or(0),
+                    size.memory_mib,
+                ),
+            )
+        }
+        "mps" => (
+            f64::from(a.compute_percent.unwrap_or(0)) / 100.0,
+            of(a.memory_mib.unwrap_or(0), size.memory_mib),
+        ),
+        // A whole GPU, or a time-sliced one: the claim can use all of it.
+        _ => (1.0, 1.0),
+    }
+}
+
+/// The type of a device no longer published (its slice changed since the allocation).
+fn guess_type(device: &str) -> &'static str {
+    match tessera_gpu::naming::parse_device_name(device) {
+        Ok(tessera_gpu::naming::DeviceName::Mig { .. }) => "mig",
+        Ok(tessera_gpu::naming::DeviceName::Mps { .. }) => "mps",
+        _ => "gpu",
+    }
+}
+
+fn parse_gpu_ref(r: &str) -> Option<(String, u32)> {
+    let (node, index) = r.rsplit_once('/')?;
+    Some((node.to_string(), index.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn supply() -> Supply {
+        let mig = |profile: &str, slices, mib| Published {
+            device_type: "mig".into(),
+            profile: Some(profile.into()),
+            compute_slices: Some(slices),
+            memory_mib: Some(mib),
+        };
+        let mut s = Supply::default();
+        s.published.insert(
+            ("a".into(), 0),
+            BTreeMap::from([
+                ("gpu-0-mig-3g-40gb-0".to_string(), mig("3g.40gb", 3, 40_448)),
+                ("gpu-0-mig-1g-10gb-6".to_string(), mig("1g.10gb", 1, 9_856)),
+            ]),
+        );
+        s.published.insert(
+            ("a".into(), 1),
+            BTreeMap::from([(
+                "gpu-1-mps".to_string(),
+                Published {
+                    device_type: "mps".into(),
+                    profile: None,
+                    compute_slices: None,
+                    memory_mib: None,
+                },
+            )]),
+        );
+        let size = GpuSize {
+            memory_mib: 81_559,
+            compute_slices: Some(7),
+        };
+        s.sizes.insert(("a".into(), 0), size);
+        s.sizes.insert(("a".into(), 1), size);
+        s.allocated.insert(
+            ("a".into(), 0),
+            vec![Allocated {
+                pool: "a".into(),
+                device: "gpu-0-mig-3g-40gb-0".into(),
+                compute_percent: None,
+                memory_mib: None,
+            }],
+        );
+        s.allocated.insert(
+            ("a".into(), 1),
+            vec![Allocated {
+                pool: "a".into(),
+                device: "gpu-1-mps".into(),
+                compute_percent: Some(25),
+                memory_mib: Some(8_192),
+            }],
+        );
+        s
+    }
+
+    #[test]
+    fn devices_are_counted_per_type_and_profile() {
+        let governed = BTreeSet::from(["a/0".to_string(), "a/1".to_string()]);
+        let u = usage(&governed, &supply());
+        let rows: Vec<(&str, Option<&str>, u32, u32)> = u
+            .devices
+            .iter()
+            .map(|d| {
+                (
+                    d.device_type.as_str(),
+                    d.profile.as_deref(),
+                    d.published,
+                    d.allocated,
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("mig", Some("1g.10gb"), 1, 0),
+                ("mig", Some("3g.40gb"), 1, 1),
+                ("mps", None, 1, 1)
+            ]
+        );
+    }
+
+    #[test]
+    fn shares_average_over_the_governed_gpus() {
+        let governed = BTreeSet::from(["a/0".to_string(), "a/1".to_string()]);
+        let u = usage(&governed, &supply());
+        // 3 of 7 slices on GPU 0, 25 % on GPU 1: (0.4286 + 0.25) / 2.
+        assert_eq!(u.compute_percent, 34);
+        assert_eq!(
+            u.memory_percent,
+            ((40_448.0 / 81_559.0 + 8_192.0 / 81_559.0) / 2.0 * 100.0_f64).round() as u32
+        );
+        let only_mps = usage(&BTreeSet::from(["a/1".to_string()]), &supply());
+        assert_eq!(only_mps.compute_percent, 25);
+    }
+
+    #[test]
+    fn no_governed_gpu_is_zero_not_a_division_by_zero() {
+        let u = usage(&BTreeSet::new(), &supply());
+        assert_eq!((u.compute_percent, u.memory_percent), (0, 0));
+        assert!(u.devices.is_empty());
+    }
+}
