@@ -47,3 +47,29 @@ pub const CDI_CLASS: &str = "claim";
 
 /// Label carried by every object Tessera creates, so they can be listed and cleaned up.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+
+/// Every MIG profile name of the GPU models Tessera knows (the union of the catalogue's
+/// tables in `tessera-gpu`; a test there keeps the two equal). The API server refuses
+/// other names at `kubectl apply`; whether a GPU has the profile is judged by the operator.
+pub const MIG_PROFILES: &[&str] = &[
+    "1g.5gb",
+    "1g.5gb+me",
+    "1g.10gb",
+    "1g.10gb+me",
+    "1g.18gb",
+    "1g.18gb+me",
+    "1g.20gb",
+    "1g.35gb",
+    "2g.10gb",
+    "2g.20gb",
+    "2g.35gb",
+    "3g.20gb",
+    "3g.40gb",
+    "3g.71gb",
+    "4g.20gb",
+    "4g.40gb",
+    "4g.71gb",
+    "7g.40gb",
+    "7g.80gb",
+    "7g.141gb",
+];

@@ -24,7 +24,62 @@ pub enum Error {
 
 /// Every CRD Tessera defines.
 pub fn all() -> Vec<CustomResourceDefinition> {
-    vec![GpuSharingPolicy::crd(), GpuNode::crd()]
+    vec![tidy(GpuSharingPolicy::crd()), tidy(GpuNode::crd())]
+}
+
+/// What the generated schema says in a way the API server or `kubectl explain` reads
+/// badly: integer formats such as `uint32` (not OpenAPI formats: every apply warned
+/// `unrecognized format`; the ranges are checked by `minimum`/`maximum` where they
+/// matter), and descriptions broken where the doc comment wrapped (`kubectl explain`
+/// shows each line break).
+fn tidy(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    let Ok(mut value) = serde_json::to_value(&crd) else {
+        return crd;
+    };
+    tidy_value(&mut value);
+    serde_json::from_value(value).unwrap_or(crd)
+}
+
+fn tidy_value(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(map) => {
+            if map
+                .get("format")
+                .and_then(|f| f.as_str())
+                .is_some_and(|f| f.starts_with("uint") || f == "int8" || f == "int16")
+            {
+                map.remove("format");
+            }
+            if let Some(serde_json::Value::String(d)) = map.get_mut("description") {
+                *d = unwrap_lines(d);
+            }
+            map.values_mut().for_each(tidy_value);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(tidy_value),
+        _ => {}
+    }
+}
+
+/// Joins the lines of each paragraph; list items keep their own lines.
+fn unwrap_lines(text: &str) -> String {
+    text.split("\n\n")
+        .map(|para| {
+            let mut out = String::new();
+            for line in para.lines().map(str::trim) {
+                if out.is_empty() {
+                    out.push_str(line);
+                } else if line.starts_with("- ") || line.starts_with("* ") {
+                    out.push('\n');
+                    out.push_str(line);
+                } else {
+                    out.push(' ');
+                    out.push_str(line);
+                }
+            }
+            out
+        })
+        .collect::<Vec<_>>()
+        .join("\n\n")
 }
 
 /// `(file name, YAML)` for every CRD, in a stable order.
@@ -76,6 +131,42 @@ mod tests {
         assert!(yaml.contains("mig.mode Static needs a layout"));
         assert!(yaml.contains("defaultActiveThreadPercentage must be between 1 and 100"));
         assert!(yaml.contains("maxClients must be between 1 and 48"));
+    }
+
+    #[test]
+    fn no_format_the_api_server_warns_about_and_no_line_broken_mid_sentence() {
+        for (name, yaml) in render_all().unwrap() {
+            assert!(!yaml.contains("format: uint"), "{name}");
+            let crd: serde_json::Value = serde_yaml::from_str(&yaml).unwrap();
+            let mut stack = vec![&crd];
+            while let Some(v) = stack.pop() {
+                match v {
+                    serde_json::Value::Object(m) => {
+                        if let Some(serde_json::Value::String(d)) = m.get("description") {
+                            for para in d.split("\n\n") {
+                                for line in para.lines().skip(1) {
+                                    assert!(
+                                        line.starts_with("- ") || line.starts_with("* "),
+                                        "{name}: {d:?}"
+                                    );
+                                }
+                            }
+                        }
+                        stack.extend(m.values());
+                    }
+                    serde_json::Value::Array(a) => stack.extend(a),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn wrapped_doc_lines_are_joined() {
+        assert_eq!(
+            unwrap_lines("How GPUs are\nshared.\n\nA list:\n- one\n- two"),
+            "How GPUs are shared.\n\nA list:\n- one\n- two"
+        );
     }
 
     #[test]

@@ -145,7 +145,15 @@ pub struct GpuSelector {
     {"rule": "self.mode != 'Static' || (has(self.layout) && size(self.layout) > 0)",
      "message": "mig.mode Static needs a layout: list the instances every selected GPU holds, e.g. layout: [{profile: 3g.40gb, count: 2}]"},
     {"rule": "self.mode == 'Static' || !has(self.layout) || size(self.layout) == 0",
-     "message": "mig.layout is only used with mode Static: remove it or set mig.mode: Static"}
+     "message": "mig.layout is only used with mode Static: remove it or set mig.mode: Static"},
+    {"rule": "!has(self.layout) || self.layout.all(a, self.layout.exists_one(b, b.profile == a.profile))",
+     "message": "mig.layout lists a profile more than once: give each profile one entry with its count"},
+    {"rule": "!has(self.layout) || self.layout.map(e, e.count).sum() <= 7",
+     "message": "mig.layout asks for more than 7 instances in all; a GPU holds at most 7 MIG instances"},
+    {"rule": "!has(self.layout) || self.layout.map(e, int(e.profile.substring(0, 1)) * e.count).sum() <= 7",
+     "message": "mig.layout needs more than 7 compute slices (the digit before g in each profile, times its count); a GPU has 7"},
+    {"rule": "!has(self.allowedProfiles) || self.allowedProfiles.all(p, self.allowedProfiles.exists_one(q, q == p))",
+     "message": "mig.allowedProfiles lists a profile more than once"}
 ]))]
 pub struct MigPolicy {
     /// `Dynamic` (default): every allowed placement is offered and partitions are created
@@ -300,7 +308,8 @@ pub enum TimeSliceInterval {
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {"rule": "!('Adaptive' in self.strategies)", "message": "adaptive.strategies cannot contain Adaptive: list the concrete strategies to move between (MIG, MPS, TimeSlicing, Exclusive)"},
-    {"rule": "size(self.strategies) >= 2", "message": "adaptive.strategies needs at least two strategies to move between; with one, set spec.strategy to it instead"}
+    {"rule": "size(self.strategies) >= 2", "message": "adaptive.strategies needs at least two strategies to move between; with one, set spec.strategy to it instead"},
+    {"rule": "self.strategies.all(s, self.strategies.exists_one(t, t == s))", "message": "adaptive.strategies lists a strategy more than once"}
 ]))]
 pub struct AdaptivePolicy {
     /// Strategies an idle GPU may be moved between, most preferred first.

@@ -14,8 +14,20 @@ pub(crate) fn mig_profile_name(_: &mut SchemaGenerator) -> Schema {
         "x-kubernetes-validations": [{
             "rule": "self.matches('^[1-8]g\\\\.[0-9]+gb(\\\\+me)?$')",
             "messageExpression": "'MIG profile ' + self + ' is not a profile name: use <compute slices>g.<memory GB>gb with an optional +me, e.g. 1g.10gb, 3g.40gb or 1g.10gb+me (see kubectl tessera profiles)'"
+        }, {
+            "rule": format!("!self.matches('^[1-8]g\\\\.[0-9]+gb(\\\\+me)?$') || self in [{}]", known_profiles()),
+            "messageExpression": format!("'no GPU Tessera supports has MIG profile ' + self + '; the profiles are {}'", crate::constants::MIG_PROFILES.join(", "))
         }]
     })
+}
+
+/// [`crate::constants::MIG_PROFILES`] as a CEL list body.
+fn known_profiles() -> String {
+    crate::constants::MIG_PROFILES
+        .iter()
+        .map(|p| format!("'{p}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A memory size as a Kubernetes quantity, e.g. `8Gi`.

@@ -83,6 +83,21 @@ async fn the_printer_columns_and_short_names_work_in_kubectl() {
         text.contains("h100-inference-dynamic-mig") && text.contains("MIG"),
         "{text}"
     );
+    // Applying the CRDs and the samples warns about nothing (the API server used to warn
+    // `unrecognized format "uint32"` on every CRD apply).
+    for dir in ["crds", "config/samples"] {
+        let out = std::process::Command::new(cp.bins().path("kubectl"))
+            .args(["apply", "--server-side", "--force-conflicts", "-f"])
+            .arg(repo_root().join(dir))
+            .env("KUBECONFIG", cp.kubeconfig_path())
+            .output()
+            .unwrap();
+        let warnings = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && !warnings.contains("Warning"),
+            "{dir}: {warnings}"
+        );
+    }
     let out = std::process::Command::new(cp.bins().path("kubectl"))
         .args(["get", "tessera"])
         .env("KUBECONFIG", cp.kubeconfig_path())
@@ -171,6 +186,36 @@ const INVALID: &[(&str, &str, &str)] = &[
         "negative-memory",
         "strategy: MPS\nmps: {defaultPinnedMemoryLimit: -1Gi}",
         "memory limit -1Gi is not a positive quantity",
+    ),
+    (
+        "unknown-profile",
+        "strategy: MIG\nmig: {allowedProfiles: [2g.40gb]}",
+        "no GPU Tessera supports has MIG profile 2g.40gb; the profiles are 1g.5gb",
+    ),
+    (
+        "duplicate-allowed-profile",
+        "strategy: MIG\nmig: {allowedProfiles: [1g.10gb, 1g.10gb]}",
+        "mig.allowedProfiles lists a profile more than once",
+    ),
+    (
+        "duplicate-layout-profile",
+        "strategy: MIG\nmig: {mode: Static, layout: [{profile: 1g.10gb, count: 1}, {profile: 1g.10gb, count: 2}]}",
+        "mig.layout lists a profile more than once",
+    ),
+    (
+        "layout-too-many-compute-slices",
+        "strategy: MIG\nmig: {mode: Static, layout: [{profile: 4g.40gb, count: 1}, {profile: 3g.40gb, count: 2}]}",
+        "mig.layout needs more than 7 compute slices",
+    ),
+    (
+        "layout-too-many-instances",
+        "strategy: MIG\nmig: {mode: Static, layout: [{profile: 1g.10gb, count: 7}, {profile: 1g.20gb, count: 1}]}",
+        "mig.layout asks for more than 7 instances in all",
+    ),
+    (
+        "duplicate-adaptive-strategy",
+        "strategy: Adaptive\nadaptive: {strategies: [MPS, MPS]}",
+        "adaptive.strategies lists a strategy more than once",
     ),
     (
         "unknown-strategy",

@@ -309,3 +309,17 @@ fn durations_parse_as_the_crd_allows() {
     assert_eq!(parse_duration("10"), None);
     assert_eq!(parse_duration("5d"), None);
 }
+
+#[test]
+fn the_profile_names_the_api_server_accepts_are_the_catalogues() {
+    let catalogue: BTreeSet<String> = tessera_gpu::catalog::catalog()
+        .iter()
+        .filter_map(|m| m.mig.as_ref())
+        .flat_map(|l| l.profiles.iter().map(|p| p.name.clone()))
+        .collect();
+    let api: BTreeSet<String> = tessera_api::constants::MIG_PROFILES
+        .iter()
+        .map(|p| (*p).to_string())
+        .collect();
+    assert_eq!(api, catalogue);
+}
