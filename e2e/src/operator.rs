@@ -166,6 +166,16 @@ impl OperatorProcess {
         self.metric("tessera_operator_leader").await == Some(1.0)
     }
 
+    /// Its resident memory (`VmRSS`), in KiB.
+    pub fn rss_kib(&self) -> Option<f64> {
+        let pid = self.process.as_ref()?.id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
     /// GETs a path of its HTTP endpoint: (status, body).
     pub async fn http_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};

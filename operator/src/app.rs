@@ -1,15 +1,13 @@
 //! Wiring the operator together: what `tessera-operator` runs until it is told to stop.
 
-use std::{future::Future, net::SocketAddr, path::PathBuf, sync::Arc};
+use std::{future::Future, net::SocketAddr, sync::Arc};
 
-use kube::{Client, Config, config::KubeConfigOptions};
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio::sync::{Notify, watch};
 use tracing::info;
 
 use crate::{
     config::Args,
-    http,
     metrics::Metrics,
     runtime::{self, Caches, Operator},
 };
@@ -17,21 +15,9 @@ use crate::{
 /// Why the operator could not start, or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The kubeconfig could not be read or used.
-    #[error("reading kubeconfig {}", .path.display())]
-    Kubeconfig {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: kube::config::KubeconfigError,
-    },
-    /// No kubeconfig was given and this is not a pod.
-    #[error("no --kubeconfig and not running in a pod")]
-    InCluster(#[source] kube::config::InClusterError),
     /// The API client could not be made.
-    #[error("making the API client")]
-    Client(#[source] kube::Error),
+    #[error(transparent)]
+    Client(#[from] tessera_kit::client::Error),
     /// The metrics address could not be bound.
     #[error("binding the metrics address {addr}")]
     Metrics {
@@ -64,10 +50,10 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
         leader_elect = args.leader_elect,
         "starting tessera-operator"
     );
-    let client = client(args.kubeconfig.clone()).await?;
+    let client = tessera_kit::client::client(args.kubeconfig.clone()).await?;
     let metrics = Arc::new(Metrics::new());
     let (ready_tx, ready_rx) = watch::channel(Err("watch caches not filled yet".to_string()));
-    let addr = http::serve(args.metrics_address, metrics.clone(), ready_rx)
+    let addr = tessera_kit::http::serve(args.metrics_address, metrics.clone(), ready_rx)
         .await
         .map_err(|source| Error::Metrics {
             addr: args.metrics_address,
@@ -120,18 +106,4 @@ fn default_identity() -> String {
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "tessera-operator".to_string());
     format!("{host}-{}", std::process::id())
-}
-
-async fn client(kubeconfig: Option<PathBuf>) -> Result<Client, Error> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let read = match kube::config::Kubeconfig::read_from(&path) {
-                Ok(kc) => Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await,
-                Err(e) => Err(e),
-            };
-            read.map_err(|source| Error::Kubeconfig { path, source })?
-        }
-        None => Config::incluster().map_err(Error::InCluster)?,
-    };
-    Client::try_from(config).map_err(Error::Client)
 }

@@ -2,17 +2,8 @@
 
 use std::{net::SocketAddr, path::PathBuf};
 
-use clap::{Parser, ValueEnum};
-
-/// Log line format.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    #[default]
-    Text,
-    /// One JSON object per line.
-    Json,
-}
+use clap::Parser;
+pub use tessera_kit::process::LogFormat;
 
 /// Resolves GpuSharingPolicies into per-GPU configuration (GpuNode.spec) and reports
 /// what became of each policy.

@@ -7,12 +7,11 @@
 //!   MIG layout; [`policy_status`]: what each policy's status says; [`usage`]: what its
 //!   GPUs publish and what claims hold; [`events`]: which decisions become events.
 //! - [`runtime`]: the watch caches and the loop that writes what differs; [`app`]: the
-//!   wiring [`run`] starts; [`config`], [`metrics`], [`http`].
+//!   wiring [`run`] starts; [`config`], [`metrics`].
 
 pub mod app;
 pub mod config;
 pub mod events;
-pub mod http;
 pub mod metrics;
 pub mod policy_status;
 pub mod resolve;

@@ -182,3 +182,9 @@ impl Metrics {
         out
     }
 }
+
+impl tessera_kit::http::Render for Metrics {
+    fn render(&self) -> String {
+        Metrics::render(self)
+    }
+}

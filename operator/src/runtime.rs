@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::StreamExt;
+use futures::{StreamExt, stream};
 use k8s_openapi::{
     api::{
         core::v1::Node,
@@ -55,6 +55,8 @@ pub const DEBOUNCE: Duration = Duration::from_millis(200);
 /// The wait after a failed pass, doubled on each further failure up to [`BACKOFF_MAX`].
 const BACKOFF_START: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// API writes a pass has in flight at once.
+const WRITES_IN_FLIGHT: usize = 16;
 /// How often a pass runs without any event (it writes nothing unless something changed).
 pub const RESYNC: Duration = Duration::from_secs(300);
 
@@ -106,8 +108,13 @@ impl Caches {
             K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
         {
             let (store, writer) = reflector::store();
-            let stream =
-                reflector::reflector(writer, watcher(api, config.any_semantic())).default_backoff();
+            // Managed fields are a large part of every object and the operator never reads
+            // them: the caches hold the objects without.
+            let stream = reflector::reflector(
+                writer,
+                watcher(api, config.any_semantic()).modify(|o| o.managed_fields_mut().clear()),
+            )
+            .default_backoff();
             tokio::spawn(stream.for_each(move |ev| {
                 match ev {
                     Ok(_) => changed.notify_one(),
@@ -365,6 +372,7 @@ impl Operator {
             .iter()
             .map(|g| (g.name_any(), g.object_ref(&())))
             .collect();
+        let mut to_write = Vec::new();
         for (name, spec) in &resolution.specs {
             let Some(current) = snapshot.nodes.get(name) else {
                 continue;
@@ -375,14 +383,30 @@ impl Operator {
             if current.spec == *spec || self.in_flight(&key, &seen, &content) {
                 continue;
             }
-            match self.write_spec(name, spec).await {
+            to_write.push((name, spec, &current.spec, key, seen, content));
+        }
+        // Spec writes are independent of each other: a policy edit on a thousand nodes is
+        // a thousand round trips, so they go out a few at a time.
+        let results: Vec<_> = stream::iter(to_write.into_iter().map(|w| {
+            let this = &*self;
+            async move {
+                let result = this.write_spec(w.0, w.1).await;
+                (w, result)
+            }
+        }))
+        .buffer_unordered(WRITES_IN_FLIGHT)
+        .collect()
+        .await;
+        let mut reconfigured = Vec::new();
+        for ((name, spec, before, key, seen, content), result) in results {
+            match result {
                 Ok(()) => {
-                    let changes = events::spec_changes(&current.spec, spec);
+                    let changes = events::spec_changes(before, spec);
                     info!(gpunode = %name, gpus = spec.gpus.len(), changes = ?changes, "GpuNode spec written");
                     self.metrics.wrote("gpunode_spec");
                     self.written.insert(key, (seen, content));
                     if let Some(g) = gpunode_refs.get(name) {
-                        self.events.reconfigured(g, &changes).await;
+                        reconfigured.push((g.clone(), changes));
                     }
                 }
                 Err(e) => {
@@ -391,6 +415,15 @@ impl Operator {
                 }
             }
         }
+        let events = &self.events;
+        stream::iter(
+            reconfigured
+                .iter()
+                .map(|(g, changes)| events.reconfigured(g, changes)),
+        )
+        .buffer_unordered(WRITES_IN_FLIGHT)
+        .collect::<Vec<()>>()
+        .await;
         type Stored = (
             Option<tessera_api::policy::GpuSharingPolicyStatus>,
             Option<String>,

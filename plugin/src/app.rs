@@ -5,13 +5,12 @@
 //! of bookkeeping never delays a prepare. (A kube client's connection tasks live on the
 //! runtime that made it, hence one client per runtime.)
 
-use std::{future::Future, net::SocketAddr, path::PathBuf, sync::Arc};
+use std::{future::Future, net::SocketAddr, sync::Arc};
 
 use futures::StreamExt;
 use k8s_openapi::api::{core::v1::Node, resource::v1::ResourceClaim};
 use kube::{
-    Api, Client, Config,
-    config::KubeConfigOptions,
+    Api,
     runtime::{WatchStreamExt, reflector, watcher},
 };
 use tessera_gpu::backend::{BackendError, GpuBackend, nvml::NvmlBackend, sim::SimBackend};
@@ -24,7 +23,7 @@ use crate::{
     config::{Args, BackendKind},
     driver::{ClaimError, Driver, DriverConfig, DriverHandle, KubeClaims},
     health_store::HealthStore,
-    http, kubelet,
+    kubelet,
     metrics::Metrics,
     node::{NodeLoop, NodeLoopConfig},
     ratelimit::RateLimiter,
@@ -40,21 +39,9 @@ pub enum Error {
     /// The background runtime could not be made.
     #[error("starting the background runtime")]
     Runtime(#[source] std::io::Error),
-    /// The kubeconfig could not be read or used.
-    #[error("reading kubeconfig {}", .path.display())]
-    Kubeconfig {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: kube::config::KubeconfigError,
-    },
-    /// No kubeconfig was given and this is not a pod.
-    #[error("no --kubeconfig and not running in a pod")]
-    InCluster(#[source] kube::config::InClusterError),
     /// The API client could not be made.
-    #[error("making the API client")]
-    Client(#[source] kube::Error),
+    #[error(transparent)]
+    Client(#[from] tessera_kit::client::Error),
     /// `--backend sim` without its inventory.
     #[error("--sim-inventory is required with --backend sim")]
     NoSimInventory,
@@ -115,7 +102,7 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
     let client = {
         let kubeconfig = args.kubeconfig.clone();
         background
-            .spawn(async move { client(kubeconfig).await })
+            .spawn(async move { tessera_kit::client::client(kubeconfig).await })
             .await
             .map_err(|source| Error::Task {
                 what: "API client",
@@ -180,7 +167,7 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
     info!(?report, "start-up recovery done");
 
     let (ready_tx, ready_rx) = watch::channel(Err("starting".to_string()));
-    let addr = http::serve(args.metrics_address, metrics.clone(), ready_rx)
+    let addr = tessera_kit::http::serve(args.metrics_address, metrics.clone(), ready_rx)
         .await
         .map_err(|source| Error::Metrics {
             addr: args.metrics_address,
@@ -257,20 +244,6 @@ fn background_runtime() -> Result<tokio::runtime::Runtime, Error> {
         .enable_all()
         .build()
         .map_err(Error::Runtime)
-}
-
-async fn client(kubeconfig: Option<PathBuf>) -> Result<Client, Error> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let read = match kube::config::Kubeconfig::read_from(&path) {
-                Ok(kc) => Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await,
-                Err(e) => Err(e),
-            };
-            read.map_err(|source| Error::Kubeconfig { path, source })?
-        }
-        None => Config::incluster().map_err(Error::InCluster)?,
-    };
-    Client::try_from(config).map_err(Error::Client)
 }
 
 fn backend(args: &Args) -> Result<Arc<dyn GpuBackend>, Error> {

@@ -23,14 +23,7 @@ pub enum DefaultStrategy {
     Exclusive,
 }
 
-/// Log output format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
+pub use tessera_kit::process::LogFormat;
 
 /// A rate per second: a finite number, 0 or more.
 fn rate(s: &str) -> Result<f64, String> {

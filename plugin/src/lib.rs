@@ -18,7 +18,6 @@ pub mod config;
 pub mod devnodes;
 pub mod driver;
 pub mod health_store;
-pub mod http;
 pub mod kubelet;
 pub mod metrics;
 pub mod node;

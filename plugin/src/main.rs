@@ -2,37 +2,13 @@
 //! or Ctrl-C; the logic lives in the library ([`tessera_plugin::run`]).
 
 use clap::Parser;
-use tessera_plugin::config::{Args, LogFormat};
+use tessera_kit::process::{init_tracing, shutdown_signal};
+use tessera_plugin::config::Args;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    init_tracing(args.log_format);
+    init_tracing(args.log_format, "info,tessera_plugin=debug");
     tessera_plugin::run(args, shutdown_signal()).await?;
     Ok(())
-}
-
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = term => {}
-    }
-}
-
-fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tessera_plugin=debug"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
-    }
 }

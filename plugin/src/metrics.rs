@@ -213,6 +213,12 @@ impl Metrics {
     }
 }
 
+impl tessera_kit::http::Render for Metrics {
+    fn render(&self) -> String {
+        Metrics::render(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,5 +1,6 @@
 //! `cargo xtask bench`: the plugin's own overhead (prepare/unprepare latency over the real
-//! socket, slice building and publishing), measured on a fresh control plane and printed.
+//! socket, slice building and publishing), measured on a fresh control plane and printed;
+//! `cargo xtask bench --operator`: the operator against a thousand GpuNodes.
 //!
 //! It builds what it needs, then runs the measurement in a child process of the profile
 //! measured (`target/<profile>/xtask bench --skip-build`) with `TESSERA_PLUGIN_BIN` and the
@@ -44,6 +45,13 @@ pub struct Args {
     /// Kubernetes release (default: newest 1.37 release served).
     #[arg(long, env = "TESSERA_K8S_VERSION")]
     pub version: Option<K8sVersion>,
+    /// Measure the operator instead: 1,000 GpuNodes of 8 GPUs (see `--nodes`), its memory,
+    /// the time from a policy edit to every spec written, and the writes per edit.
+    #[arg(long)]
+    pub operator: bool,
+    /// GpuNodes in the operator benchmark.
+    #[arg(long, default_value_t = 1000)]
+    pub nodes: usize,
     /// Internal: run the measurement in this process with what the environment names
     /// (`TESSERA_PLUGIN_BIN`, `TESSERA_K8S_BIN_DIR`); the parent `bench` sets them.
     #[arg(long, hide = true)]
@@ -55,7 +63,14 @@ pub fn run(args: Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         return measure(&args, rt);
     }
     let profile = if args.release { "release" } else { "debug" };
-    let mut build = vec!["build", "-p", "tessera-plugin", "--bins"];
+    let mut build = vec![
+        "build",
+        "-p",
+        "tessera-plugin",
+        "-p",
+        "tessera-operator",
+        "--bins",
+    ];
     if args.release {
         // The child that measures is the release xtask, so build it too.
         build.extend(["-p", "xtask", "--release"]);
@@ -65,6 +80,7 @@ pub fn run(args: Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
 
     let target = target_dir()?.join(profile);
     let plugin = target.join("tessera-plugin");
+    let operator = target.join("tessera-operator");
     let child = if args.release {
         target.join("xtask")
     } else {
@@ -76,7 +92,9 @@ pub fn run(args: Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         .args(["--in-flight", &args.in_flight.to_string()])
         .args(["--control-plane-nice", &args.control_plane_nice.to_string()])
         .arg("--skip-build")
+        .args(["--nodes", &args.nodes.to_string()])
         .env("TESSERA_PLUGIN_BIN", &plugin)
+        .env("TESSERA_OPERATOR_BIN", &operator)
         // Measure the plugin as it runs in production: info-level logs.
         .env("TESSERA_PLUGIN_LOG", "info")
         .env("TESSERA_K8S_VERSION", bins.version.to_string())
@@ -84,14 +102,19 @@ pub fn run(args: Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     if let Some(json) = &args.json {
         cmd.arg("--json").arg(json);
     }
+    if args.operator {
+        cmd.arg("--operator");
+    }
     if let Some(qps) = args.claim_status_qps {
         // The measuring child passes its environment on to the plugin processes it starts.
         cmd.args(["--claim-status-qps", &qps.to_string()])
             .env("TESSERA_CLAIM_STATUS_QPS", qps.to_string());
     }
+    let measured = if args.operator { &operator } else { &plugin };
     println!(
-        "\n==> measuring the {profile} plugin ({}) on Kubernetes {}",
-        plugin.display(),
+        "\n==> measuring the {profile} {} ({}) on Kubernetes {}",
+        if args.operator { "operator" } else { "plugin" },
+        measured.display(),
         bins.version
     );
     let status = cmd
@@ -103,8 +126,37 @@ pub fn run(args: Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The operator's measurement, in this process.
+fn measure_operator(args: &Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
+    let opts = tessera_e2e::bench_operator::Options {
+        nodes: args.nodes,
+        control_plane_nice: (args.control_plane_nice != 0).then_some(args.control_plane_nice),
+        ..tessera_e2e::bench_operator::Options::default()
+    };
+    let started = std::time::Instant::now();
+    let progress = |line: &str| println!("    [{:>6.1}s] {line}", started.elapsed().as_secs_f64());
+    let report = rt.block_on(tessera_e2e::bench_operator::operator_scale(
+        &opts, &progress,
+    ))?;
+    println!("\n{report}");
+    if report.all_targets_met() {
+        println!("every target met");
+    } else {
+        println!("some targets MISSED (see the table)");
+    }
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+        println!("figures written to {}", path.display());
+    }
+    Ok(())
+}
+
 /// The measurement proper, in this process.
 fn measure(args: &Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
+    if args.operator {
+        return measure_operator(args, rt);
+    }
     let opts = bench::Options {
         claims: args.claims,
         in_flight: args.in_flight,

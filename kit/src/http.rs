@@ -1,6 +1,6 @@
-//! The operator's small HTTP endpoint: `/metrics` (Prometheus text), `/healthz` (the
-//! process runs) and `/readyz` (its watch caches are filled and its last pass succeeded;
-//! a replica that is not the leader is ready too, so a Service can reach its metrics).
+//! The small HTTP endpoint of a Tessera binary: `/metrics` (Prometheus text), `/healthz`
+//! (the process runs) and `/readyz` (what "ready" means is the binary's: it sends the
+//! verdict on a watch channel).
 
 use std::{convert::Infallible, net::SocketAddr, sync::Arc};
 
@@ -13,16 +13,20 @@ use hyper_util::rt::TokioIo;
 use tokio::{net::TcpListener, sync::watch};
 use tracing::{debug, warn};
 
-use crate::metrics::Metrics;
-
-/// Whether the operator is ready, and why not.
+/// Whether the process is ready, and why not.
 pub type Readiness = watch::Receiver<Result<(), String>>;
+
+/// Renders the metrics in the Prometheus text format.
+pub trait Render: Send + Sync + 'static {
+    /// The text exposition.
+    fn render(&self) -> String;
+}
 
 /// Binds `addr` and serves until the process ends. Returns the bound address (port 0
 /// picks a free one).
-pub async fn serve(
+pub async fn serve<M: Render>(
     addr: SocketAddr,
-    metrics: Arc<Metrics>,
+    metrics: Arc<M>,
     ready: Readiness,
 ) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await?;
@@ -52,9 +56,9 @@ pub async fn serve(
     Ok(local)
 }
 
-async fn handle(
+async fn handle<M: Render>(
     req: Request<Incoming>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<M>,
     ready: Readiness,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let (status, body) = match req.uri().path() {
