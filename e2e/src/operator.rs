@@ -2,12 +2,10 @@
 //! (`config/rbac/operator.yaml`), so a missing or extra verb shows.
 
 use std::{
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Child, Command, Stdio},
     time::Duration,
 };
-
-use anyhow::bail;
 
 use crate::{ControlPlane, cluster, repo_root, wait::eventually};
 
@@ -16,27 +14,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The operator binary: `TESSERA_OPERATOR_BIN`, else next to the test binary.
 pub fn operator_binary() -> anyhow::Result<PathBuf> {
-    if let Some(p) = std::env::var_os("TESSERA_OPERATOR_BIN") {
-        return Ok(p.into());
-    }
-    let exe = std::env::current_exe()?;
-    let dirs = [exe.parent(), exe.parent().and_then(Path::parent)];
-    let candidates: Vec<PathBuf> = dirs
-        .iter()
-        .flatten()
-        .map(|d| d.join("tessera-operator"))
-        .collect();
-    match candidates.iter().find(|c| c.is_file()) {
-        Some(c) => Ok(c.clone()),
-        None => bail!(
-            "tessera-operator is not built (looked at {}): run `cargo build -p tessera-operator` (cargo xtask test does) or set TESSERA_OPERATOR_BIN",
-            candidates
-                .iter()
-                .map(|c| c.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    }
+    crate::process::workspace_binary("tessera-operator", "TESSERA_OPERATOR_BIN")
 }
 
 /// One operator replica.
@@ -147,9 +125,7 @@ impl OperatorProcess {
         if code != 200 {
             return None;
         }
-        body.lines()
-            .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
-            .and_then(|v| v.trim().parse().ok())
+        crate::process::sample(&body, sample)
     }
 
     /// API writes of `object` (`gpunode_spec`, `policy_status`) this process made.
@@ -178,19 +154,7 @@ impl OperatorProcess {
 
     /// GETs a path of its HTTP endpoint: (status, body).
     pub async fn http_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).await?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-            .await?;
-        let mut buf = String::new();
-        s.read_to_string(&mut buf).await?;
-        let status = buf
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let body = buf.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
-        Ok((status, body))
+        crate::process::http_get(self.metrics_port, path).await
     }
 
     /// The last `n` lines of its log.

@@ -5,7 +5,7 @@
 //! plugin through its own client and drives every prepare and unprepare.
 
 use std::{
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Child, Command, Stdio},
     time::Duration,
 };
@@ -22,28 +22,7 @@ const REGISTER_TIMEOUT: Duration = Duration::from_secs(60);
 /// The `tessera-plugin` binary: `$TESSERA_PLUGIN_BIN`, else next to the test executable's
 /// target directory (`cargo xtask test` builds it first).
 pub fn plugin_binary() -> anyhow::Result<PathBuf> {
-    if let Some(p) = std::env::var_os("TESSERA_PLUGIN_BIN") {
-        return Ok(p.into());
-    }
-    let exe = std::env::current_exe()?;
-    // Tests run from target/<profile>/deps/, xtask from target/<profile>/.
-    let dirs = [exe.parent(), exe.parent().and_then(Path::parent)];
-    let candidates: Vec<PathBuf> = dirs
-        .iter()
-        .flatten()
-        .map(|d| d.join("tessera-plugin"))
-        .collect();
-    match candidates.iter().find(|c| c.is_file()) {
-        Some(c) => Ok(c.clone()),
-        None => bail!(
-            "tessera-plugin is not built (looked at {}): run `cargo build -p tessera-plugin` (cargo xtask test does) or set TESSERA_PLUGIN_BIN",
-            candidates
-                .iter()
-                .map(|c| c.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    }
+    crate::process::workspace_binary("tessera-plugin", "TESSERA_PLUGIN_BIN")
 }
 
 /// One simulated node.
@@ -135,9 +114,7 @@ impl SimNode {
         if code != 200 {
             return None;
         }
-        body.lines()
-            .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
-            .and_then(|v| v.trim().parse().ok())
+        crate::process::sample(&body, sample)
     }
 
     /// Waits until the kubelet has registered the running plugin at least `n` times.
@@ -301,19 +278,7 @@ impl SimNode {
 
     /// GETs a path of the plugin's HTTP endpoint (`/metrics`, `/readyz`, …): (status, body).
     pub async fn http_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).await?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-            .await?;
-        let mut buf = String::new();
-        s.read_to_string(&mut buf).await?;
-        let status = buf
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let body = buf.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
-        Ok((status, body))
+        crate::process::http_get(self.metrics_port, path).await
     }
 
     /// CDI spec directory: on tmpfs where the machine has one, as `/var/run/cdi` is on

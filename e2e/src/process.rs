@@ -102,3 +102,50 @@ pub(crate) fn tail(path: &Path, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
+
+/// A binary of this workspace: `$<env>` when set, else next to the running test or xtask
+/// binary (tests run from `target/<profile>/deps/`, xtask from `target/<profile>/`).
+pub fn workspace_binary(name: &str, env: &str) -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os(env) {
+        return Ok(p.into());
+    }
+    let exe = std::env::current_exe()?;
+    let dirs = [exe.parent(), exe.parent().and_then(Path::parent)];
+    let candidates: Vec<PathBuf> = dirs.iter().flatten().map(|d| d.join(name)).collect();
+    match candidates.iter().find(|c| c.is_file()) {
+        Some(c) => Ok(c.clone()),
+        None => anyhow::bail!(
+            "{name} is not built (looked at {}): run `cargo build -p {name}` (cargo xtask test does) or set {env}",
+            candidates
+                .iter()
+                .map(|c| c.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// GETs `path` from a component's HTTP endpoint on loopback `port`: (status, body).
+pub async fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await?;
+    let status = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = buf.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+    Ok((status, body))
+}
+
+/// The value of one sample (`name{labels}` as exposed) of a Prometheus text exposition.
+pub fn sample(exposition: &str, sample: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}

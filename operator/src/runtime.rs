@@ -162,11 +162,13 @@ impl Caches {
             .map_err(|_| Error::CacheNeverReady("ResourceSlice"))
     }
 
-    /// What the GPUs publish and what claims hold, for the policies' usage figures.
-    fn supply(&self, snapshot: &Snapshot) -> Supply {
+    /// What the GPUs publish and what claims hold: which GPUs are busy, and the policies'
+    /// usage figures.
+    fn supply(&self) -> Supply {
         let mut sizes = BTreeMap::new();
-        for (node, view) in &snapshot.nodes {
-            for g in &view.gpus {
+        for gpunode in self.gpunodes.state() {
+            let node = gpunode.name_any();
+            for g in gpunode.status.iter().flat_map(|s| &s.gpus) {
                 let compute_slices = tessera_gpu::find_model(&g.product_name)
                     .ok()
                     .and_then(|m| m.mig.as_ref())
@@ -183,15 +185,15 @@ impl Caches {
         Supply::read(&self.slices.state(), &self.claims.state(), sizes)
     }
 
-    /// What resolution reads, now. `waiting` holds when each waiting GPU started to wait.
-    fn snapshot(&self, waiting: &BTreeMap<(String, u32), Instant>) -> Snapshot {
+    /// What resolution reads, now. `waiting` holds when each waiting GPU started to wait;
+    /// `supply` says which claims are allocated where.
+    fn snapshot(&self, waiting: &BTreeMap<(String, u32), Instant>, supply: &Supply) -> Snapshot {
         let labels: BTreeMap<String, BTreeMap<String, String>> = self
             .nodes
             .state()
             .iter()
             .map(|n| (n.name_any(), n.labels().clone()))
             .collect();
-        let allocated = allocations(&self.claims.state());
         let nodes = self
             .gpunodes
             .state()
@@ -206,7 +208,7 @@ impl Caches {
                         .as_ref()
                         .map(|s| s.gpus.clone())
                         .unwrap_or_default(),
-                    allocated: allocated.get(&name).cloned().unwrap_or_default(),
+                    allocated: supply.claims_on(&name),
                 };
                 (name, view)
             })
@@ -231,37 +233,6 @@ impl Caches {
                 .collect(),
         }
     }
-}
-
-/// Claims allocated from this driver's devices: node → GPU index → `namespace/name`.
-fn allocations(claims: &[Arc<ResourceClaim>]) -> BTreeMap<String, BTreeMap<u32, BTreeSet<String>>> {
-    let mut out: BTreeMap<String, BTreeMap<u32, BTreeSet<String>>> = BTreeMap::new();
-    for c in claims {
-        let results = c
-            .status
-            .as_ref()
-            .and_then(|s| s.allocation.as_ref())
-            .and_then(|a| a.devices.as_ref())
-            .and_then(|d| d.results.as_ref());
-        for r in results
-            .into_iter()
-            .flatten()
-            .filter(|r| r.driver == DRIVER_NAME)
-        {
-            if let Ok(name) = tessera_gpu::naming::parse_device_name(&r.device) {
-                out.entry(r.pool.clone())
-                    .or_default()
-                    .entry(name.gpu())
-                    .or_default()
-                    .insert(format!(
-                        "{}/{}",
-                        c.namespace().unwrap_or_default(),
-                        c.name_any()
-                    ));
-            }
-        }
-    }
-    out
 }
 
 /// The loop's state.
@@ -345,7 +316,8 @@ impl Operator {
 
     /// One pass: resolve, then write what differs.
     pub async fn pass(&mut self) -> Result<(), Error> {
-        let snapshot = self.caches.snapshot(&self.waiting);
+        let supply = self.caches.supply();
+        let snapshot = self.caches.snapshot(&self.waiting, &supply);
         let resolution = resolve::resolve(&snapshot);
         let now = Instant::now();
         self.waiting.retain(|k, _| resolution.waiting.contains(k));
@@ -441,7 +413,6 @@ impl Operator {
                 )
             })
             .collect();
-        let supply = self.caches.supply(&snapshot);
         let ts = Timestamp::now();
         for policy in &snapshot.policies {
             let Some(outcome) = resolution.policies.get(&policy.name) else {

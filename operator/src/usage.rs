@@ -22,6 +22,8 @@ pub struct Published {
 /// One allocation result on one of this driver's devices.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Allocated {
+    /// The claim, as `namespace/name`.
+    pub claim: String,
     /// Pool (= node) and device name.
     pub pool: String,
     /// Device name.
@@ -53,6 +55,15 @@ pub struct Supply {
 }
 
 impl Supply {
+    /// The claims allocated on each GPU of `node`, by index.
+    pub fn claims_on(&self, node: &str) -> BTreeMap<u32, BTreeSet<String>> {
+        self.allocated
+            .iter()
+            .filter(|((n, _), _)| n == node)
+            .map(|((_, gpu), a)| (*gpu, a.iter().map(|a| a.claim.clone()).collect()))
+            .collect()
+    }
+
     /// Indexes the slices and claims of this driver.
     pub fn read(
         slices: &[std::sync::Arc<ResourceSlice>],
@@ -130,6 +141,11 @@ impl Supply {
                     .entry((r.pool.clone(), name.gpu()))
                     .or_default()
                     .push(Allocated {
+                        claim: format!(
+                            "{}/{}",
+                            c.metadata.namespace.as_deref().unwrap_or_default(),
+                            c.metadata.name.as_deref().unwrap_or_default()
+                        ),
                         pool: r.pool.clone(),
                         device: r.device.clone(),
                         compute_percent: consumed("computePercent").and_then(|q| q.parse().ok()),
@@ -301,6 +317,7 @@ mod tests {
         s.allocated.insert(
             ("a".into(), 0),
             vec![Allocated {
+                claim: "ns/c0".into(),
                 pool: "a".into(),
                 device: "gpu-0-mig-3g-40gb-0".into(),
                 compute_percent: None,
@@ -310,6 +327,7 @@ mod tests {
         s.allocated.insert(
             ("a".into(), 1),
             vec![Allocated {
+                claim: "ns/c1".into(),
                 pool: "a".into(),
                 device: "gpu-1-mps".into(),
                 compute_percent: Some(25),
