@@ -407,3 +407,70 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
     .await;
     assert_eq!(b.writes("gpunode_spec").await, 1, "{}", b.log_tail(20));
 }
+
+#[tokio::test]
+async fn a_static_layout_the_gpu_cannot_hold_is_degraded_with_what_fits() {
+    let (cp, client) = setup().await;
+    let _node = SimNode::start(
+        &cp,
+        "a100-1",
+        "gpus: [{model: a100-40gb, migEnabled: true}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    let _op = OperatorProcess::start(&cp, "op-0", false).await.unwrap();
+    // 7 compute slices pass the API server's check, but two 3g.20gb and a 1g.5gb need 9
+    // of the A100's 8 memory slices: only the hardware model can tell.
+    apply_policy(
+        &client,
+        r"
+apiVersion: tessera.dev/v1alpha1
+kind: GpuSharingPolicy
+metadata: {name: too-big}
+spec:
+  strategy: MIG
+  mig:
+    mode: Static
+    layout: [{profile: 3g.20gb, count: 2}, {profile: 1g.5gb, count: 1}]
+",
+    )
+    .await;
+    let msg = wait_condition(&client, "too-big", "Degraded", "True", "LayoutInvalid").await;
+    assert!(msg.contains("a100-1/0"), "{msg}");
+    assert!(msg.contains("layouts that fit include"), "{msg}");
+    assert!(msg.contains("keep their previous configuration"), "{msg}");
+    assert!(
+        spec_of(&client, "a100-1").await.is_empty(),
+        "the GPU keeps what it had (nothing)"
+    );
+
+    // A layout that fits is planned and offered.
+    apply_policy(
+        &client,
+        r"
+apiVersion: tessera.dev/v1alpha1
+kind: GpuSharingPolicy
+metadata: {name: too-big}
+spec:
+  strategy: MIG
+  mig:
+    mode: Static
+    layout: [{profile: 3g.20gb, count: 2}]
+",
+    )
+    .await;
+    wait_spec(
+        &client,
+        "a100-1",
+        &[(0, SharingStrategy::Mig, Some("too-big"))],
+    )
+    .await;
+    wait_condition(&client, "too-big", "Degraded", "False", "AsExpected").await;
+    eventually("the planned instances to be offered", WAIT, || async {
+        let mut names = device_names(&client, "a100-1").await;
+        names.sort();
+        (names == ["gpu-0-mig-3g-20gb-0", "gpu-0-mig-3g-20gb-4"]).then_some(())
+    })
+    .await
+    .unwrap();
+}
