@@ -293,7 +293,7 @@ impl Operator {
                 match &result {
                     Ok(()) => backoff = BACKOFF_START,
                     Err(e) => {
-                        warn!(error = %chain(e), retry_in = ?backoff, "pass failed; retrying");
+                        warn!(error = %tessera_kit::error_chain(e), retry_in = ?backoff, "pass failed; retrying");
                         wait = backoff;
                         backoff = (backoff * 2).min(BACKOFF_MAX);
                     }
@@ -556,16 +556,4 @@ impl Operator {
             source,
         })
     }
-}
-
-/// An error with its sources, for one log line.
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        cur = s.source();
-    }
-    out
 }

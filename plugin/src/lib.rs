@@ -29,15 +29,4 @@ pub mod status;
 
 pub use app::{Error as RunError, run};
 
-/// An error with its whole source chain (`a: b: c`), for logs and per-claim messages:
-/// `Display` of a wrapping error shows only the outermost layer.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        cur = s.source();
-    }
-    out
-}
+pub use tessera_kit::error_chain;

@@ -138,18 +138,8 @@ fn measure_operator(args: &Args, rt: &tokio::runtime::Runtime) -> anyhow::Result
     let report = rt.block_on(tessera_e2e::bench_operator::operator_scale(
         &opts, &progress,
     ))?;
-    println!("\n{report}");
-    if report.all_targets_met() {
-        println!("every target met");
-    } else {
-        println!("some targets MISSED (see the table)");
-    }
-    if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&report)?;
-        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
-        println!("figures written to {}", path.display());
-    }
-    Ok(())
+    let met = report.all_targets_met();
+    print_report(&report, met, args.json.as_deref())
 }
 
 /// The measurement proper, in this process.
@@ -167,15 +157,25 @@ fn measure(args: &Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let progress = |line: &str| println!("    [{:>6.1}s] {line}", started.elapsed().as_secs_f64());
     let report = rt.block_on(bench::plugin_overhead(&opts, &progress))?;
+    let met = report.all_targets_met();
+    print_report(&report, met, args.json.as_deref())
+}
+
+/// Prints a report and whether its targets were met, and writes it as JSON to `json`.
+/// Figures, not a test: a missed target is reported, and the command still succeeds.
+fn print_report(
+    report: &(impl std::fmt::Display + serde::Serialize),
+    met: bool,
+    json: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
     println!("\n{report}");
-    // Figures, not a test: a missed target is reported, and the command still succeeds.
-    if report.all_targets_met() {
+    if met {
         println!("every target met");
     } else {
         println!("some targets MISSED (see the table)");
     }
-    if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&report)?;
+    if let Some(path) = json {
+        let text = serde_json::to_string_pretty(report)?;
         std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
         println!("figures written to {}", path.display());
     }
