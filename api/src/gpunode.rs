@@ -71,6 +71,11 @@ pub struct GpuConfig {
     /// Time-slicing settings, with strategy TimeSlicing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_slicing: Option<TimeSlicingPolicy>,
+    /// The governing policy's `repartition.allowGpuReset`: the plugin may reset this GPU,
+    /// when no claim uses it, to apply a MIG mode change that waits for a reset (A100,
+    /// A30).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_gpu_reset: bool,
 }
 
 /// MIG configuration of one GPU.
@@ -187,17 +192,21 @@ pub struct MigInstanceState {
     pub gpu_instance_id: u32,
     /// Compute instance id.
     pub compute_instance_id: u32,
-    /// The claim the instance was made for; absent for instances Tessera did not create.
+    /// The claim using the instance; absent while none does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim: Option<ClaimRef>,
     /// Whether Tessera created it (`Tessera`) or found it (`External`, never destroyed).
     pub origin: InstanceOrigin,
+    /// Whether the instance belongs to the GPU's static layout: it exists with or without
+    /// a claim, and a claim is handed it as it is.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub static_layout: bool,
 }
 
 /// Who created a MIG instance.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum InstanceOrigin {
-    /// Created by Tessera for a claim.
+    /// Created by Tessera, for a claim or for the GPU's static layout.
     #[default]
     Tessera,
     /// Found on the GPU; Tessera reports it and never destroys it.

@@ -30,7 +30,8 @@ pub const NODES: [(&str, &str, &str); 3] = [
     (
         "gpu-a100",
         "training",
-        "gpus: [{model: a100-40gb, migEnabled: true}]\n",
+        // MIG off: the sample policy's allowGpuReset lets the plugin reset the idle GPU.
+        "gpus: [{model: a100-40gb, migEnabled: false}]\n",
     ),
     (
         "gpu-l4",
@@ -54,7 +55,7 @@ pub struct DemoCluster {
 impl DemoCluster {
     /// Installs RBAC and DeviceClasses, starts the nodes with their pool labels and the
     /// operator, applies `config/samples` and waits until every node's plugin has applied
-    /// the spec the operator resolved for it.
+    /// the spec the operator resolved for it, static MIG layouts included.
     pub async fn start(cp: &ControlPlane, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Self> {
         let client = cp.admin_client().await?;
         cluster::apply_dir(&client, &repo_root().join("config/deviceclasses"), false).await?;
@@ -91,8 +92,10 @@ impl DemoCluster {
                     let g = gpunodes.get(name).await.ok()?;
                     let generation = g.metadata.generation?;
                     let status = g.status.as_ref()?;
-                    (!g.spec.gpus.is_empty() && status.observed_generation == Some(generation))
-                        .then_some(())
+                    (!g.spec.gpus.is_empty()
+                        && status.observed_generation == Some(generation)
+                        && holds_static_layouts(&g))
+                    .then_some(())
                 },
             )
             .await
@@ -134,4 +137,27 @@ impl DemoCluster {
             .filter(|p| names.iter().any(|n| Some(n) == p.metadata.name.as_ref()))
             .collect())
     }
+}
+
+/// Whether every static MIG placement of the spec shows in the status as an instance of
+/// the GPU's static layout.
+pub fn holds_static_layouts(g: &GpuNode) -> bool {
+    let status = g.status.clone().unwrap_or_default();
+    g.spec.gpus.iter().all(|c| {
+        let planned = c
+            .mig
+            .as_ref()
+            .map(|m| m.instances.as_slice())
+            .unwrap_or_default();
+        let live = status.gpus.iter().find(|s| s.index == c.index);
+        planned.iter().all(|p| {
+            live.is_some_and(|s| {
+                s.instances.iter().any(|i| {
+                    i.static_layout
+                        && i.profile == p.profile.as_str()
+                        && i.placement_start == p.start
+                })
+            })
+        })
+    })
 }

@@ -474,3 +474,158 @@ spec:
     .await
     .unwrap();
 }
+
+/// (profile, start, UUID, claim) of each MIG instance GPU 0 of `node` reports as part of
+/// its static layout.
+async fn static_instances(client: &Client, node: &str) -> Vec<(String, u32, String, bool)> {
+    let api: Api<GpuNode> = Api::all(client.clone());
+    let Ok(g) = api.get(node).await else {
+        return Vec::new();
+    };
+    let mut v: Vec<(String, u32, String, bool)> = g
+        .status
+        .unwrap_or_default()
+        .gpus
+        .into_iter()
+        .filter(|g| g.index == 0)
+        .flat_map(|g| g.instances)
+        .filter(|i| i.static_layout)
+        .map(|i| (i.profile, i.placement_start, i.uuid, i.claim.is_some()))
+        .collect();
+    v.sort_by_key(|i| i.1);
+    v
+}
+
+async fn wait_static(client: &Client, node: &str, want: &[(&str, u32, bool)]) -> Vec<String> {
+    let shape = |v: &[(String, u32, String, bool)]| -> Vec<(String, u32, bool)> {
+        v.iter().map(|(p, s, _, c)| (p.clone(), *s, *c)).collect()
+    };
+    let want: Vec<(String, u32, bool)> = want
+        .iter()
+        .map(|(p, s, c)| ((*p).to_string(), *s, *c))
+        .collect();
+    let got = eventually(&format!("static instances {want:?}"), WAIT, || async {
+        let v = static_instances(client, node).await;
+        (shape(&v) == want).then_some(v)
+    })
+    .await;
+    match got {
+        Ok(v) => v.into_iter().map(|i| i.2).collect(),
+        Err(e) => panic!("{e}; last seen {:?}", static_instances(client, node).await),
+    }
+}
+
+#[tokio::test]
+async fn a_static_layout_exists_before_any_claim_a_claim_gets_one_and_a_change_waits_for_it() {
+    let (cp, client) = setup().await;
+    // MIG off: this A100 needs a reset before it can hold any instance.
+    let _node = SimNode::start(
+        &cp,
+        "a100-1",
+        "gpus: [{model: a100-40gb, migEnabled: false}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    label(&client, "a100-1", "tessera.dev/pool", Some("training")).await;
+    let _op = OperatorProcess::start(&cp, "op-0", false).await.unwrap();
+    let sample =
+        std::fs::read_to_string(repo_root().join("config/samples/02-a100-static-mig-layout.yaml"))
+            .unwrap();
+    let policy = "a100-static-4g-3g";
+
+    // Without allowGpuReset the GPU waits, and says what to do.
+    apply_policy(
+        &client,
+        &sample.replace("allowGpuReset: true", "allowGpuReset: false"),
+    )
+    .await;
+    let msg = wait_condition(
+        &client,
+        policy,
+        "Progressing",
+        "True",
+        "MigModePendingReset",
+    )
+    .await;
+    assert!(msg.contains("a100-1/0"), "{msg}");
+    assert!(msg.contains("allowGpuReset"), "{msg}");
+    assert!(static_instances(&client, "a100-1").await.is_empty());
+
+    // With it, the idle GPU is reset and holds its layout before any pod asks.
+    apply_sample(&client, "02-a100-static-mig-layout.yaml").await;
+    let before = wait_static(
+        &client,
+        "a100-1",
+        &[("4g.20gb", 0, false), ("3g.20gb", 4, false)],
+    )
+    .await;
+    wait_condition(&client, policy, "Ready", "True", "Governing").await;
+    eventually(
+        "exactly the layout's instances to be offered",
+        WAIT,
+        || async {
+            let mut names = device_names(&client, "a100-1").await;
+            names.sort();
+            (names == ["gpu-0-mig-3g-20gb-4", "gpu-0-mig-4g-20gb-0"]).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+
+    // A claim is handed the existing 3g.20gb: nothing is created.
+    let req = cluster::GpuRequest {
+        class: "mig.tessera.dev",
+        selector: Some("device.attributes['gpu.tessera.dev'].profile == '3g.20gb'"),
+        capacity: None,
+    };
+    cluster::create_claim_pod(&client, NS, "trainer", req)
+        .await
+        .unwrap();
+    cluster::wait_pod_running(&client, NS, "trainer", WAIT)
+        .await
+        .unwrap();
+    let during = wait_static(
+        &client,
+        "a100-1",
+        &[("4g.20gb", 0, false), ("3g.20gb", 4, true)],
+    )
+    .await;
+    assert_eq!(
+        during, before,
+        "the claim got one of the layout's instances"
+    );
+
+    // A new layout waits for the claim on the GPU to end.
+    apply_policy(
+        &client,
+        &sample.replace(
+            "      - profile: 4g.20gb\n        count: 1\n      - profile: 3g.20gb\n        count: 1",
+            "      - profile: 3g.20gb\n        count: 2",
+        ),
+    )
+    .await;
+    let msg = wait_condition(&client, policy, "Progressing", "True", "WaitingForClaims").await;
+    assert!(msg.contains("a100-1/0 (held by workloads/"), "{msg}");
+    assert_eq!(
+        static_instances(&client, "a100-1").await.len(),
+        2,
+        "nothing changes under a running claim"
+    );
+
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
+    pods.delete("trainer", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let after = wait_static(
+        &client,
+        "a100-1",
+        &[("3g.20gb", 0, false), ("3g.20gb", 4, false)],
+    )
+    .await;
+    assert_eq!(after[1], before[1], "the 3g.20gb at 4 stayed where it was");
+    assert_ne!(
+        after[0], before[0],
+        "the 4g.20gb made way for a new 3g.20gb"
+    );
+    wait_condition(&client, policy, "Ready", "True", "Governing").await;
+}

@@ -189,6 +189,7 @@ mod tests {
             mig: None,
             mps: None,
             time_slicing: None,
+            allow_gpu_reset: false,
         }
     }
 

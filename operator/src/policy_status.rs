@@ -190,7 +190,39 @@ fn degraded(policy: &PolicyView, outcome: &PolicyOutcome) -> Parts {
 }
 
 fn progressing(outcome: &PolicyOutcome) -> Parts {
+    if !outcome.pending_reset.is_empty() {
+        return (
+            true,
+            reasons::MIG_MODE_PENDING_RESET,
+            format!(
+                "MIG mode on {} waits for a GPU reset: set repartition.allowGpuReset: true to let Tessera reset each GPU while no claim uses it, or reset them yourself (nvidia-smi -r)",
+                names(&outcome.pending_reset)
+            ),
+        );
+    }
     if outcome.waiting.is_empty() {
+        if !outcome.applying.is_empty() {
+            let applying: Vec<String> = outcome
+                .applying
+                .iter()
+                .take(NAMED)
+                .map(|(gpu, what)| format!("{gpu}: {what}"))
+                .collect();
+            return (
+                true,
+                reasons::REPARTITIONING,
+                format!(
+                    "{} GPU(s) are being brought to their configuration: {}{}",
+                    outcome.applying.len(),
+                    applying.join("; "),
+                    if outcome.applying.len() > NAMED {
+                        "; …"
+                    } else {
+                        ""
+                    }
+                ),
+            );
+        }
         return (
             false,
             reasons::AS_EXPECTED,

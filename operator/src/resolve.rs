@@ -87,6 +87,11 @@ pub struct PolicyOutcome {
     pub waiting: BTreeMap<GpuRef, (BTreeSet<String>, Duration)>,
     /// GPUs it cannot configure, with why.
     pub infeasible: BTreeMap<GpuRef, String>,
+    /// GPUs whose MIG mode change waits for a GPU reset the policy does not allow.
+    pub pending_reset: BTreeSet<GpuRef>,
+    /// GPUs whose plugin has not yet brought them to their configuration, with what is
+    /// missing (a MIG mode being switched, static instances not made yet).
+    pub applying: BTreeMap<GpuRef, String>,
 }
 
 /// The outcome of a resolution.
@@ -172,7 +177,18 @@ pub fn resolve(snapshot: &Snapshot) -> Resolution {
                                         ..prev.clone()
                                     })
                                 }
-                                _ => Some(want),
+                                _ => {
+                                    match applying(gpu, &want) {
+                                        Some(Applying::PendingReset) => {
+                                            outcome.pending_reset.insert(gpu_ref.clone());
+                                        }
+                                        Some(Applying::Missing(what)) => {
+                                            outcome.applying.insert(gpu_ref.clone(), what);
+                                        }
+                                        None => {}
+                                    }
+                                    Some(want)
+                                }
                             }
                         }
                     }
@@ -239,6 +255,46 @@ fn governing<'p>(candidates: &[&'p PolicyView]) -> Governing<'p> {
     }
 }
 
+/// How far a GPU's plugin is from the entry it is given, as its status says.
+enum Applying {
+    /// MIG mode waits for a GPU reset the entry does not allow.
+    PendingReset,
+    /// What the GPU does not hold yet.
+    Missing(String),
+}
+
+fn applying(gpu: &GpuState, want: &GpuConfig) -> Option<Applying> {
+    let mig = want
+        .mig
+        .as_ref()
+        .filter(|_| want.strategy == SharingStrategy::Mig)?;
+    let needs_reset =
+        find_model(&gpu.product_name).is_ok_and(|m| !m.architecture.mig_toggle_without_reset());
+    if gpu.mig_capable && needs_reset && !gpu.mig_enabled {
+        return Some(if gpu.mig_pending_reset && !want.allow_gpu_reset {
+            Applying::PendingReset
+        } else {
+            Applying::Missing("MIG mode is being switched on".into())
+        });
+    }
+    let missing = mig
+        .instances
+        .iter()
+        .filter(|p| {
+            !gpu.instances.iter().any(|i| {
+                i.static_layout && i.profile == p.profile.as_str() && i.placement_start == p.start
+            })
+        })
+        .count();
+    (missing > 0).then(|| {
+        Applying::Missing(format!(
+            "{} of {} static instance(s) not made yet",
+            missing,
+            mig.instances.len()
+        ))
+    })
+}
+
 /// Whether going from `from` to `to` changes what the GPU offers (not only who governs).
 fn shape_differs(from: &GpuConfig, to: &GpuConfig) -> bool {
     let strip = |g: &GpuConfig| GpuConfig {
@@ -274,6 +330,7 @@ fn desired(
         mig: None,
         mps: None,
         time_slicing: None,
+        allow_gpu_reset: spec.repartition.as_ref().is_some_and(|r| r.allow_gpu_reset),
     };
     match strategy {
         SharingStrategy::Mig => entry.mig = Some(mig_config(policy, gpu, previous)?),

@@ -153,7 +153,7 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
         driver_name: args.driver_name.clone(),
         backend: backend.clone(),
         gpus,
-        store: CheckpointStore::new(args.state_dir.join("claims"), boot_id.clone()),
+        store: CheckpointStore::new(&args.state_dir, boot_id.clone()),
         claims: Arc::new(KubeClaims::new(client.clone(), Some(claim_cache))),
         cdi: CdiWriter::new(&args.cdi_dir, &args.driver_name),
         mps_root: args.state_dir.join("mps"),
@@ -183,6 +183,7 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
     let node_loop = NodeLoop::new(NodeLoopConfig {
         client: client.clone(),
         state: driver.state(),
+        keeper: driver.keeper(),
         metrics: metrics.clone(),
         node_uid,
         default_strategy: args.default_strategy,

@@ -14,6 +14,11 @@
 //! longer hold them are destroyed. Instances the checkpoint does not know are reported,
 //! never destroyed.
 //!
+//! A GPU with a static MIG layout holds instances that belong to no claim: they are
+//! recorded per GPU (`<state dir>/layouts/gpu-<index>.json`, see [`HeldLayout`]), each
+//! before it is created, so a crash part way through never leaves an instance nobody
+//! knows is Tessera's.
+//!
 //! One file per claim (`<state dir>/claims/<uid>.json`), so a write costs the same with
 //! one prepared claim as with a thousand. Every write is atomic (temp file, rename): a plugin
 //! crash leaves the old or the new record, never a torn one.
@@ -39,6 +44,10 @@ use std::{
 };
 
 use serde::{Deserialize, Serialize};
+
+mod layouts;
+
+pub use layouts::{HeldInstance, HeldLayout};
 
 /// The format version this plugin writes and reads.
 pub const CHECKPOINT_VERSION: &str = "tessera.dev/checkpoint/v1";
@@ -89,6 +98,8 @@ pub struct Checkpoint {
     pub previous_boot: BTreeMap<String, ClaimRecord>,
     /// Record files that could not be read, moved aside (`<uid>.json.unreadable`).
     pub unreadable: Vec<PathBuf>,
+    /// The static MIG layout each GPU holds, by GPU index.
+    pub layouts: BTreeMap<u32, HeldLayout>,
 }
 
 impl Checkpoint {
@@ -101,6 +112,22 @@ impl Checkpoint {
                     && matches!(&d.kind, DeviceKind::Mig { start: s, profile_id: p, .. } if *s == start && *p == profile_id)
             })
         })
+    }
+
+    /// The instance of `gpu`'s static layout at this placement, if the layout holds one.
+    pub fn held(&self, gpu: u32, start: u8, profile_id: u32) -> Option<&HeldInstance> {
+        self.layouts
+            .get(&gpu)?
+            .instances
+            .iter()
+            .find(|i| i.start == start && i.profile_id == profile_id)
+    }
+
+    /// Whether the instance of `profile_id` at `start` on `gpu` is one Tessera knows: a
+    /// claim's, or one its static layout holds. Every other instance is foreign.
+    pub fn knows(&self, gpu: u32, start: u8, profile_id: u32) -> bool {
+        self.mig_owner(gpu, start, profile_id).is_some()
+            || self.held(gpu, start, profile_id).is_some()
     }
 }
 
@@ -175,6 +202,10 @@ pub enum DeviceKind {
         /// Identity once created (absent while only planned).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         created: Option<MigIdentity>,
+        /// The instance belongs to the GPU's static layout: the claim is handed it as it
+        /// is, and it outlives the claim.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        held: bool,
     },
     /// An MPS share with enforced limits.
     Mps {
@@ -270,43 +301,72 @@ pub fn read_boot_id(path: &Path) -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
-/// The checkpoint directory: one file per claim.
+/// The checkpoint directories: one file per claim, one per GPU with a static layout.
 #[derive(Clone, Debug)]
 pub struct CheckpointStore {
-    dir: PathBuf,
+    claims: PathBuf,
+    layouts: PathBuf,
     boot_id: Option<String>,
 }
 
 impl CheckpointStore {
-    /// A store in `dir` (`<state dir>/claims`) for the boot `boot_id` (see [`read_boot_id`]).
-    pub fn new(dir: impl Into<PathBuf>, boot_id: Option<String>) -> Self {
+    /// A store under `state_dir` (`claims/`, `layouts/`) for the boot `boot_id` (see
+    /// [`read_boot_id`]).
+    pub fn new(state_dir: impl AsRef<Path>, boot_id: Option<String>) -> Self {
+        let state_dir = state_dir.as_ref();
         Self {
-            dir: dir.into(),
+            claims: state_dir.join("claims"),
+            layouts: state_dir.join("layouts"),
             boot_id,
         }
     }
 
-    /// The directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    /// The claims directory.
+    pub fn claims_dir(&self) -> &Path {
+        &self.claims
     }
 
     fn claim_path(&self, uid: &str) -> PathBuf {
-        self.dir.join(format!("{uid}.json"))
+        self.claims.join(format!("{uid}.json"))
     }
 
-    /// Reads every claim's record; a missing directory is an empty checkpoint. Temp files
-    /// of an interrupted write (dot files) are ignored and removed. Records of an earlier
+    /// Reads every record; missing directories are an empty checkpoint. Temp files of an
+    /// interrupted write (dot files) are ignored and removed. Claim records of an earlier
     /// boot land in [`Checkpoint::previous_boot`]; files that cannot be read or parsed are
     /// moved aside into [`Checkpoint::unreadable`] (see the module docs). A record of
     /// another format version is an error: a downgrade must not guess.
     pub fn load(&self) -> Result<Checkpoint> {
         let mut cp = Checkpoint::default();
-        let entries = match fs::read_dir(&self.dir) {
+        for (path, text) in self.records(&self.claims, &mut cp.unreadable)? {
+            let file: ClaimFile = match self.parse(&path, &text, &mut cp.unreadable)? {
+                Some(f) => f,
+                None => continue,
+            };
+            if file.version != CHECKPOINT_VERSION {
+                return Err(Error::Version {
+                    path,
+                    found: file.version,
+                });
+            }
+            let into = if self.earlier_boot(file.boot_id.as_deref()) {
+                &mut cp.previous_boot
+            } else {
+                &mut cp.claims
+            };
+            into.insert(file.claim.uid.clone(), file.claim);
+        }
+        cp.layouts = self.load_layouts(&mut cp.unreadable)?;
+        Ok(cp)
+    }
+
+    /// The `.json` files of `dir` with their text; unreadable ones are moved aside.
+    fn records(&self, dir: &Path, unreadable: &mut Vec<PathBuf>) -> Result<Vec<(PathBuf, String)>> {
+        let entries = match fs::read_dir(dir) {
             Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(cp),
-            Err(source) => return Err(self.io("reading", &self.dir, source)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => return Err(self.io("reading", dir, source)),
         };
+        let mut out = Vec::new();
         for entry in entries.flatten() {
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -317,73 +377,88 @@ impl CheckpointStore {
             if !name.ends_with(".json") {
                 continue;
             }
-            let parsed = fs::read_to_string(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|text| {
-                    serde_json::from_str::<ClaimFile>(&text).map_err(|e| e.to_string())
-                });
-            let file = match parsed {
-                Ok(file) => file,
-                Err(error) => {
-                    let aside = self.dir.join(format!("{name}.unreadable"));
-                    fs::rename(&path, &aside).map_err(|s| self.io("moving aside", &path, s))?;
-                    tracing::error!(path = %aside.display(), %error, "unreadable checkpoint record (torn by a node crash?) moved aside; what it described is treated as unknown");
-                    cp.unreadable.push(aside);
-                    continue;
-                }
-            };
-            if file.version != CHECKPOINT_VERSION {
-                return Err(Error::Version {
-                    path,
-                    found: file.version,
-                });
+            match fs::read_to_string(&path) {
+                Ok(text) => out.push((path, text)),
+                Err(e) => self.set_aside(&path, &e.to_string(), unreadable)?,
             }
-            let earlier_boot =
-                matches!((&file.boot_id, &self.boot_id), (Some(then), Some(now)) if then != now);
-            let into = if earlier_boot {
-                &mut cp.previous_boot
-            } else {
-                &mut cp.claims
-            };
-            into.insert(file.claim.uid.clone(), file.claim);
         }
-        Ok(cp)
+        Ok(out)
+    }
+
+    /// Parses a record; one that does not parse is moved aside (`None`).
+    fn parse<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &Path,
+        text: &str,
+        unreadable: &mut Vec<PathBuf>,
+    ) -> Result<Option<T>> {
+        match serde_json::from_str(text) {
+            Ok(v) => Ok(Some(v)),
+            Err(e) => {
+                self.set_aside(path, &e.to_string(), unreadable)?;
+                Ok(None)
+            }
+        }
+    }
+
+    fn set_aside(&self, path: &Path, error: &str, unreadable: &mut Vec<PathBuf>) -> Result<()> {
+        let mut aside = path.as_os_str().to_owned();
+        aside.push(".unreadable");
+        let aside = PathBuf::from(aside);
+        fs::rename(path, &aside).map_err(|s| self.io("moving aside", path, s))?;
+        tracing::error!(path = %aside.display(), %error, "unreadable checkpoint record (torn by a node crash?) moved aside; what it described is treated as unknown");
+        unreadable.push(aside);
+        Ok(())
+    }
+
+    /// Whether a record written in boot `then` is of an earlier boot than this one.
+    fn earlier_boot(&self, then: Option<&str>) -> bool {
+        matches!((then, &self.boot_id), (Some(then), Some(now)) if then != now)
     }
 
     /// Writes one claim's record atomically. Without a boot ID a `PrepareStarted`
     /// record's content is on disk before its name is (see the module docs).
     pub fn save_claim(&self, claim: &ClaimRecord) -> Result<()> {
-        fs::create_dir_all(&self.dir).map_err(|s| self.io("creating", &self.dir, s))?;
-        let path = self.claim_path(&claim.uid);
         let file = ClaimFile {
             version: CHECKPOINT_VERSION.to_string(),
             boot_id: self.boot_id.clone(),
             claim: claim.clone(),
         };
-        let text = serde_json::to_vec(&file).map_err(|source| Error::Encode {
-            path: path.clone(),
-            source,
-        })?;
-        let tmp = self.dir.join(format!(".{}.tmp", claim.uid));
-        let mut f =
-            File::create(&tmp).map_err(|s| self.io("creating a temp file for", &path, s))?;
-        f.write_all(&text)
-            .map_err(|s| self.io("writing", &tmp, s))?;
-        if claim.phase == ClaimPhase::PrepareStarted && self.boot_id.is_none() {
-            f.sync_all().map_err(|s| self.io("syncing", &tmp, s))?;
-        }
-        drop(f);
-        fs::rename(&tmp, &path).map_err(|s| self.io("replacing", &path, s))?;
-        Ok(())
+        let sync = claim.phase == ClaimPhase::PrepareStarted && self.boot_id.is_none();
+        self.write(&self.claims, &format!("{}.json", claim.uid), &file, sync)
     }
 
     /// Forgets a claim; a claim that is not there is fine.
     pub fn remove_claim(&self, uid: &str) -> Result<()> {
-        let path = self.claim_path(uid);
-        match fs::remove_file(&path) {
+        self.remove(&self.claim_path(uid))
+    }
+
+    /// Writes `value` as `dir/name` atomically (temp file, rename), its content synced
+    /// first when `sync`.
+    fn write<T: Serialize>(&self, dir: &Path, name: &str, value: &T, sync: bool) -> Result<()> {
+        fs::create_dir_all(dir).map_err(|s| self.io("creating", dir, s))?;
+        let path = dir.join(name);
+        let text = serde_json::to_vec(value).map_err(|source| Error::Encode {
+            path: path.clone(),
+            source,
+        })?;
+        let tmp = dir.join(format!(".{name}.tmp"));
+        let mut f =
+            File::create(&tmp).map_err(|s| self.io("creating a temp file for", &path, s))?;
+        f.write_all(&text)
+            .map_err(|s| self.io("writing", &tmp, s))?;
+        if sync {
+            f.sync_all().map_err(|s| self.io("syncing", &tmp, s))?;
+        }
+        drop(f);
+        fs::rename(&tmp, &path).map_err(|s| self.io("replacing", &path, s))
+    }
+
+    fn remove(&self, path: &Path) -> Result<()> {
+        match fs::remove_file(path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(source) => Err(self.io("removing", &path, source)),
+            Err(source) => Err(self.io("removing", path, source)),
         }
     }
 
@@ -421,6 +496,7 @@ mod tests {
                         compute_instance_id: 0,
                         uuid: "MIG-abc".into(),
                     }),
+                    held: false,
                 },
                 share_id: None,
                 cdi_device_ids: vec![
@@ -433,14 +509,14 @@ mod tests {
     #[test]
     fn a_missing_checkpoint_is_empty() {
         let dir = tempfile::tempdir().unwrap();
-        let store = CheckpointStore::new(dir.path().join("claims"), None);
+        let store = CheckpointStore::new(dir.path(), None);
         assert_eq!(store.load().unwrap(), Checkpoint::default());
     }
 
     #[test]
     fn saved_claims_read_back_identically_and_leave_no_temp_file() {
         let dir = tempfile::tempdir().unwrap();
-        let store = CheckpointStore::new(dir.path().join("state/claims"), None);
+        let store = CheckpointStore::new(dir.path().join("state"), None);
         let mut rec = record(ClaimPhase::PrepareStarted);
         store.save_claim(&rec).unwrap();
         rec.phase = ClaimPhase::PrepareCompleted;
@@ -451,7 +527,7 @@ mod tests {
         let cp = store.load().unwrap();
         assert_eq!(cp.claims.len(), 2);
         assert_eq!(cp.claims["0b1e-uid"], rec);
-        let mut names: Vec<_> = fs::read_dir(store.dir())
+        let mut names: Vec<_> = fs::read_dir(store.claims_dir())
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
@@ -478,9 +554,10 @@ mod tests {
         store
             .save_claim(&record(ClaimPhase::PrepareCompleted))
             .unwrap();
-        fs::write(dir.path().join(".other.tmp"), "{\"version\":").unwrap();
+        let tmp = store.claims_dir().join(".other.tmp");
+        fs::write(&tmp, "{\"version\":").unwrap();
         assert_eq!(store.load().unwrap().claims.len(), 1);
-        assert!(!dir.path().join(".other.tmp").exists());
+        assert!(!tmp.exists());
     }
 
     #[test]
@@ -529,12 +606,9 @@ mod tests {
             .save_claim(&record(ClaimPhase::PrepareCompleted))
             .unwrap();
         // What a node crash can leave of a record renamed into place without an fsync.
-        fs::write(dir.path().join("torn.json"), "").unwrap();
-        fs::write(
-            dir.path().join("cut.json"),
-            "{\"version\": \"tessera.dev/chec",
-        )
-        .unwrap();
+        let claims = store.claims_dir();
+        fs::write(claims.join("torn.json"), "").unwrap();
+        fs::write(claims.join("cut.json"), "{\"version\": \"tessera.dev/chec").unwrap();
         let cp = store.load().unwrap();
         assert_eq!(cp.claims.len(), 1, "the whole record still loads");
         let mut aside: Vec<String> = cp
@@ -544,7 +618,7 @@ mod tests {
             .collect();
         aside.sort();
         assert_eq!(aside, ["cut.json.unreadable", "torn.json.unreadable"]);
-        assert!(!dir.path().join("torn.json").exists());
+        assert!(!claims.join("torn.json").exists());
         // Moved aside once: the next start does not see them again.
         assert!(store.load().unwrap().unreadable.is_empty());
     }
@@ -554,7 +628,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let claim = serde_json::to_value(record(ClaimPhase::PrepareStarted)).unwrap();
         let file = serde_json::json!({"version": "tessera.dev/checkpoint/v0", "claim": claim});
-        fs::write(dir.path().join("0b1e-uid.json"), file.to_string()).unwrap();
+        fs::create_dir_all(dir.path().join("claims")).unwrap();
+        fs::write(dir.path().join("claims/0b1e-uid.json"), file.to_string()).unwrap();
         let err = CheckpointStore::new(dir.path(), None).load().unwrap_err();
         assert!(matches!(err, Error::Version { .. }), "{err}");
     }
@@ -586,6 +661,7 @@ mod tests {
                 start,
                 size: p.memory_slices,
                 created: None,
+                held: false,
             },
         )
     }

@@ -37,6 +37,7 @@ use tracing::{info, warn};
 use crate::{
     checkpoint::Checkpoint,
     config::DefaultStrategy,
+    driver::{self, Keeper},
     health_store::HealthStore,
     kubelet::{DeviceHealthEntry, DeviceHealthStatus, RegistrationState},
     metrics::Metrics,
@@ -68,6 +69,7 @@ pub enum Error {
 /// The loop's state.
 pub struct NodeLoop {
     state: Arc<NodeState>,
+    keeper: Keeper,
     metrics: Arc<Metrics>,
     publisher: Publisher,
     status: StatusWriter,
@@ -92,6 +94,8 @@ pub struct NodeLoopConfig {
     pub client: Client,
     /// The node, its GPUs and prepared claims.
     pub state: Arc<NodeState>,
+    /// Holds static layouts and MIG modes ahead of claims.
+    pub keeper: Keeper,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// The Node's UID (owner of the slices and the GpuNode).
@@ -112,6 +116,7 @@ impl NodeLoop {
         let NodeLoopConfig {
             client,
             state,
+            keeper,
             metrics,
             node_uid,
             default_strategy,
@@ -139,6 +144,7 @@ impl NodeLoop {
             status: StatusWriter::new(client.clone(), state.node(), &node_uid),
             slices_api: Api::all(client),
             state,
+            keeper,
             metrics,
             default_strategy,
             health,
@@ -172,6 +178,13 @@ impl NodeLoop {
             Some(&gpunode.spec),
             self.default_strategy,
         );
+        // What the GPUs hold ahead of claims comes first: the devices published below are
+        // the instances this leaves.
+        let holding = self
+            .keeper
+            .hold(&driver::wants(hw, &offers, Some(&gpunode.spec)))
+            .await;
+        let hw = &self.state.current().await;
         if warnings != self.last_warnings {
             for w in &warnings {
                 warn!(node = %self.state.node(), "{w}");
@@ -182,6 +195,7 @@ impl NodeLoop {
         // the instance, so every instance read afterwards that no record owns is foreign.
         let checkpoint = self.state.claims().snapshot().await;
         let live = self.state.live_instances().await?;
+        let offers = held_offers(&hw.gpus, offers, &checkpoint);
         self.note_unreadable(&live.unreadable);
         let (occupancy, rejected) = self.state.occupancy(&live.by_gpu);
         let foreign = foreign_instances(&live.by_gpu, &checkpoint);
@@ -248,6 +262,7 @@ impl NodeLoop {
                 config_warnings: &warnings,
                 unavailable: &unavailable,
                 geometry: &geometry,
+                holding: &holding,
             },
             &previous,
         );
@@ -598,8 +613,34 @@ impl NodeLoop {
     }
 }
 
-/// The MIG instances no claim of the checkpoint owns: made by someone else (or left by a
-/// record lost in a crash). What they overlap is not offered, and they are never destroyed.
+/// A static layout offers the instances its GPU holds, no placement it has yet to make.
+/// `offers` are those of `gpus`, in order.
+fn held_offers(
+    gpus: &[tessera_gpu::backend::GpuInfo],
+    offers: Vec<slices::GpuOffer>,
+    checkpoint: &Checkpoint,
+) -> Vec<slices::GpuOffer> {
+    gpus.iter()
+        .zip(offers)
+        .map(|(gpu, offer)| match offer {
+            slices::GpuOffer::StaticMig { placements } => slices::GpuOffer::StaticMig {
+                placements: placements
+                    .into_iter()
+                    .filter(|(id, start)| {
+                        checkpoint
+                            .held(gpu.index, *start, *id)
+                            .is_some_and(|h| h.created.is_some())
+                    })
+                    .collect(),
+            },
+            other => other,
+        })
+        .collect()
+}
+
+/// The MIG instances Tessera does not know (no claim's, not a static layout's): made by
+/// someone else (or left by a record lost in a crash). What they overlap is not offered,
+/// and they are never destroyed.
 fn foreign_instances(
     live: &BTreeMap<u32, Vec<MigInstance>>,
     checkpoint: &Checkpoint,
@@ -608,7 +649,7 @@ fn foreign_instances(
         .map(|(gpu, instances)| {
             let foreign: Vec<MigInstance> = instances
                 .iter()
-                .filter(|i| checkpoint.mig_owner(*gpu, i.start, i.profile_id).is_none())
+                .filter(|i| !checkpoint.knows(*gpu, i.start, i.profile_id))
                 .cloned()
                 .collect();
             (*gpu, foreign)

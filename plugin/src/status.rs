@@ -69,6 +69,9 @@ pub struct StatusInput<'a> {
     /// GPUs whose live MIG instances do not fit the model of their geometry (reported in
     /// `Ready`): they offer no partitions.
     pub geometry: &'a [String],
+    /// What the GPUs could not yet hold ahead of claims: a static layout not complete, a
+    /// MIG mode change waiting for a reset (reported in `Applied`).
+    pub holding: &'a crate::driver::HoldReport,
 }
 
 /// Computes the status (pure).
@@ -166,6 +169,20 @@ fn applied_condition(input: &StatusInput<'_>) -> ConditionParts {
             reasons::CONFIG_NOT_APPLICABLE,
             input.config_warnings.join("; "),
         )
+    } else if !input.holding.pending_reset.is_empty() {
+        (
+            types::APPLIED,
+            false,
+            reasons::MIG_MODE_PENDING_RESET,
+            joined(&input.holding.pending_reset),
+        )
+    } else if !input.holding.incomplete.is_empty() {
+        (
+            types::APPLIED,
+            false,
+            reasons::REPARTITIONING,
+            joined(&input.holding.incomplete),
+        )
     } else if !input.unavailable.is_empty() {
         (
             types::APPLIED,
@@ -181,6 +198,10 @@ fn applied_condition(input: &StatusInput<'_>) -> ConditionParts {
             "the published devices follow the spec".to_string(),
         )
     }
+}
+
+fn joined(by_gpu: &BTreeMap<u32, String>) -> String {
+    by_gpu.values().cloned().collect::<Vec<_>>().join("; ")
 }
 
 /// One GPU's entry.
@@ -211,7 +232,7 @@ fn gpu_state(input: &StatusInput<'_>, info: &GpuInfo, offer: &GpuOffer) -> GpuSt
     }
 }
 
-/// The live MIG instances of a GPU, each with the claim that owns it (none: external).
+/// The live MIG instances of a GPU, each with the claim using it and who made it.
 fn instances_of(input: &StatusInput<'_>, gpu: u32) -> Vec<MigInstanceState> {
     let Some(live) = input.live.get(&gpu) else {
         return Vec::new();
@@ -222,6 +243,15 @@ fn instances_of(input: &StatusInput<'_>, gpu: u32) -> Vec<MigInstanceState> {
                 .checkpoint
                 .mig_owner(gpu, i.start, i.profile_id)
                 .map(claim_ref);
+            let held = input
+                .checkpoint
+                .held(gpu, i.start, i.profile_id)
+                .filter(|h| {
+                    h.created
+                        .as_ref()
+                        .is_some_and(|m| Some(m.uuid.as_str()) == i.uuid())
+                });
+            let ours = held.map_or(owner.is_some(), |h| !h.adopted);
             MigInstanceState {
                 profile: i.profile_name.clone(),
                 placement_start: u32::from(i.start),
@@ -229,12 +259,13 @@ fn instances_of(input: &StatusInput<'_>, gpu: u32) -> Vec<MigInstanceState> {
                 uuid: i.uuid().unwrap_or_default().to_string(),
                 gpu_instance_id: i.gpu_instance_id,
                 compute_instance_id: i.compute_instances.first().map_or(0, |c| c.id),
-                origin: if owner.is_some() {
+                origin: if ours {
                     InstanceOrigin::Tessera
                 } else {
                     InstanceOrigin::External
                 },
                 claim: owner,
+                static_layout: held.is_some(),
             }
         })
         .collect()

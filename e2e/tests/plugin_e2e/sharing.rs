@@ -338,9 +338,24 @@ async fn the_demo_workloads_run_as_shipped_on_the_demo_nodes() {
     let demo = tessera_e2e::demo::DemoCluster::start(&cp, &mut |_| {})
         .await
         .unwrap();
+    let client = cp.admin_client().await.unwrap();
+    // The A100 (MIG off at boot; the sample allows the reset) holds its static layout
+    // before any pod asks.
+    let gpunodes: Api<tessera_api::GpuNode> = Api::all(client.clone());
+    let a100 = gpunodes.get("gpu-a100").await.unwrap();
+    let mut held: Vec<(String, u32, bool)> = a100.status.unwrap().gpus[0]
+        .instances
+        .iter()
+        .filter(|i| i.static_layout)
+        .map(|i| (i.profile.clone(), i.placement_start, i.claim.is_some()))
+        .collect();
+    held.sort_by_key(|h| h.1);
+    assert_eq!(
+        held,
+        [("4g.20gb".into(), 0, false), ("3g.20gb".into(), 4, false)]
+    );
     let pods = demo.run_workloads(&cp, WAIT).await.unwrap();
     assert_eq!(pods.len(), 4, "every pod in config/workloads runs");
-    let client = cp.admin_client().await.unwrap();
     // What `kubectl get gsp` shows after the demo: the policies for the demo's pools
     // govern their GPUs; the others match no node.
     let policies: Api<tessera_api::GpuSharingPolicy> = Api::all(client.clone());

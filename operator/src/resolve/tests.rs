@@ -104,6 +104,7 @@ fn a_tie_keeps_the_previous_entry_and_both_policies_name_each_other() {
         mig: None,
         mps: Some(Default::default()),
         time_slicing: None,
+        allow_gpu_reset: false,
     }];
     let s = snapshot(
         vec![
@@ -165,6 +166,7 @@ fn a_gpu_no_policy_selects_has_no_entry() {
         mig: None,
         mps: None,
         time_slicing: None,
+        allow_gpu_reset: false,
     }];
     let r = resolve(&snapshot(vec![], vec![("a", n)]));
     assert!(r.specs["a"].gpus.is_empty(), "the plugin's default applies");
@@ -223,6 +225,7 @@ fn a_shape_change_waits_while_claims_are_allocated_and_applies_once_they_end() {
         mig: None,
         mps: Some(Default::default()),
         time_slicing: None,
+        allow_gpu_reset: false,
     }];
     n.allocated
         .insert(0, BTreeSet::from(["ns/claim".to_string()]));
@@ -283,6 +286,7 @@ fn a_static_layout_is_planned_and_keeps_instances_that_hold_claims() {
             uid: "u".into(),
         }),
         origin: InstanceOrigin::Tessera,
+        static_layout: true,
     }];
     let r = resolve(&snapshot(vec![p], vec![("a", node(&[], vec![g]))]));
     let planned: Vec<(String, u32)> = r.specs["a"].gpus[0]
@@ -322,4 +326,94 @@ fn the_profile_names_the_api_server_accepts_are_the_catalogues() {
         .map(|p| (*p).to_string())
         .collect();
     assert_eq!(api, catalogue);
+}
+
+const A100: &str = "NVIDIA A100-SXM4-40GB";
+
+fn a100_static(allow_reset: bool) -> PolicyView {
+    let mut p = policy("a100", 0, SharingStrategy::Mig);
+    p.spec.mig = Some(MigPolicy {
+        mode: MigMode::Static,
+        layout: vec![
+            MigLayoutEntry {
+                profile: MigProfileName("4g.20gb".into()),
+                count: 1,
+            },
+            MigLayoutEntry {
+                profile: MigProfileName("3g.20gb".into()),
+                count: 1,
+            },
+        ],
+        ..MigPolicy::default()
+    });
+    p.spec.repartition = Some(tessera_api::policy::RepartitionPolicy {
+        allow_gpu_reset: allow_reset,
+        drain_timeout: None,
+    });
+    p
+}
+
+fn a100(mig_enabled: bool, pending_reset: bool) -> GpuState {
+    GpuState {
+        mig_capable: true,
+        mig_enabled,
+        mig_pending_reset: pending_reset,
+        ..gpu(0, A100)
+    }
+}
+
+#[test]
+fn an_a100_waiting_for_a_reset_it_may_not_have_is_pending_and_one_it_may_is_applying() {
+    let r = resolve(&snapshot(
+        vec![a100_static(false)],
+        vec![("a", node(&[], vec![a100(false, true)]))],
+    ));
+    assert!(!r.specs["a"].gpus[0].allow_gpu_reset);
+    assert_eq!(
+        r.policies["a100"].pending_reset,
+        BTreeSet::from(["a/0".to_string()])
+    );
+
+    let r = resolve(&snapshot(
+        vec![a100_static(true)],
+        vec![("a", node(&[], vec![a100(false, true)]))],
+    ));
+    assert!(r.specs["a"].gpus[0].allow_gpu_reset);
+    assert!(r.policies["a100"].pending_reset.is_empty());
+    assert_eq!(
+        r.policies["a100"].applying["a/0"],
+        "MIG mode is being switched on"
+    );
+}
+
+#[test]
+fn a_static_layout_is_applying_until_the_plugin_reports_every_instance() {
+    let instance = |profile: &str, start: u32| MigInstanceState {
+        profile: profile.into(),
+        placement_start: start,
+        placement_size: 4,
+        uuid: format!("MIG-{start}"),
+        gpu_instance_id: start,
+        compute_instance_id: 0,
+        claim: None,
+        origin: InstanceOrigin::Tessera,
+        static_layout: true,
+    };
+    let mut g = a100(true, false);
+    g.instances = vec![instance("4g.20gb", 0)];
+    let r = resolve(&snapshot(
+        vec![a100_static(true)],
+        vec![("a", node(&[], vec![g.clone()]))],
+    ));
+    assert_eq!(
+        r.policies["a100"].applying["a/0"],
+        "1 of 2 static instance(s) not made yet"
+    );
+
+    g.instances.push(instance("3g.20gb", 4));
+    let r = resolve(&snapshot(
+        vec![a100_static(true)],
+        vec![("a", node(&[], vec![g]))],
+    ));
+    assert!(r.policies["a100"].applying.is_empty());
 }

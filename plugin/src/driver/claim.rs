@@ -189,6 +189,7 @@ impl Driver {
                     start,
                     size: profile.memory_slices,
                     created: None,
+                    held: false,
                 }
             }
         };

@@ -9,6 +9,7 @@ mod claim;
 mod claim_status;
 #[cfg(test)]
 mod fake;
+mod layout;
 mod prepare;
 mod recovery;
 mod unprepare;
@@ -31,6 +32,7 @@ use tessera_gpu::backend::{BackendError, GpuBackend};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 pub use claim::PlanError;
+pub use layout::{GpuWant, HoldReport, Keeper, wants};
 pub use recovery::RecoveryReport;
 
 use crate::{
@@ -296,6 +298,11 @@ impl Driver {
     /// What the node loop reads.
     pub fn state(&self) -> Arc<NodeState> {
         self.state.clone()
+    }
+
+    /// What the node loop may ask of the hardware: holding static layouts and MIG modes.
+    pub fn keeper(self: &Arc<Self>) -> Keeper {
+        Keeper(self.clone())
     }
 
     /// The GPUs as read at start-up.

@@ -58,6 +58,7 @@ impl Driver {
             self.rollback(&rec).await?;
         }
         self.check_not_in_use(c, &devices).await?;
+        self.hand_out_held(&mut devices).await;
 
         // Phase 1: record the intent before touching hardware.
         let mut record = ClaimRecord {
@@ -106,6 +107,30 @@ impl Driver {
         // written off the kubelet's critical path.
         self.status_writer.queue(c, &record);
         Ok(to_prepared(&record))
+    }
+
+    /// Marks the MIG devices whose instance the GPU's static layout holds: the claim is
+    /// handed that instance, nothing is created, and the instance outlives the claim.
+    /// Decided under the GPU locks, before the intent is recorded, so a rollback of this
+    /// claim can never destroy a held instance.
+    async fn hand_out_held(&self, devices: &mut [DeviceRecord]) {
+        let cp = self.claims.lock().await;
+        for d in devices {
+            if let DeviceKind::Mig {
+                profile_id,
+                start,
+                created,
+                held,
+                ..
+            } = &mut d.kind
+                && let Some(m) = cp
+                    .held(d.gpu, *start, *profile_id)
+                    .and_then(|h| h.created.clone())
+            {
+                *created = Some(m);
+                *held = true;
+            }
+        }
     }
 
     async fn completed(&self, uid: &str) -> Option<Vec<PreparedDevice>> {
@@ -167,6 +192,7 @@ impl Driver {
     async fn make(&self, d: &mut DeviceRecord) -> Result<(), ClaimError> {
         let gpu = d.gpu;
         match &mut d.kind {
+            DeviceKind::Mig { held: true, .. } => {}
             DeviceKind::Mig {
                 profile_id,
                 start,

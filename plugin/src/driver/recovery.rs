@@ -119,7 +119,7 @@ impl Driver {
         let cp = self.claims.lock().await;
         for (gpu, instances) in self.state.live_instances().await?.by_gpu {
             for i in instances {
-                if cp.mig_owner(gpu, i.start, i.profile_id).is_none() {
+                if !cp.knows(gpu, i.start, i.profile_id) {
                     report
                         .foreign_instances
                         .push(format!("{gpu}/{}/{}", i.start, i.profile_name));

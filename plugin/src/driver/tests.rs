@@ -19,6 +19,8 @@ use crate::{
     ratelimit::RateLimiter,
 };
 
+mod layout;
+
 const DRIVER: &str = "gpu.tessera.dev";
 const NODE: &str = "node-a";
 
@@ -29,19 +31,30 @@ struct TestNode {
     api: Arc<FakeClaims>,
 }
 
+/// A GPU of `model` at `index` of a test node.
+fn inventory_gpu(model: &str, index: usize, mig_enabled: bool) -> InventoryGpu {
+    InventoryGpu {
+        model: model.into(),
+        uuid: Some(format!("GPU-{index:08x}-0000-4000-8000-000000000000")),
+        mig_enabled,
+        resettable: true,
+        instances: vec![],
+    }
+}
+
 impl TestNode {
     fn new(gpus: usize) -> Self {
+        Self::with(
+            (0..gpus)
+                .map(|i| inventory_gpu("h100-80gb", i, true))
+                .collect(),
+        )
+    }
+
+    fn with(gpus: Vec<InventoryGpu>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let inventory = Inventory {
-            gpus: (0..gpus)
-                .map(|i| InventoryGpu {
-                    model: "h100-80gb".into(),
-                    uuid: Some(format!("GPU-{i:08x}-0000-4000-8000-000000000000")),
-                    mig_enabled: true,
-                    resettable: true,
-                    instances: vec![],
-                })
-                .collect(),
+            gpus,
             latencies: None,
         };
         let sim = SimBackend::new(SimConfig {
@@ -74,7 +87,7 @@ impl TestNode {
             driver_name: DRIVER.into(),
             backend: backend.clone(),
             gpus: NodeGpus::read(backend.as_ref()).unwrap(),
-            store: CheckpointStore::new(self.dir.path().join("claims"), Some("boot-1".into())),
+            store: CheckpointStore::new(self.dir.path(), Some("boot-1".into())),
             claims: Arc::new(self.api.clone()),
             cdi,
             mps_root: self.dir.path().join("mps"),

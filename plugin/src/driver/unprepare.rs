@@ -31,6 +31,8 @@ impl Driver {
     pub(super) async fn rollback(&self, rec: &ClaimRecord) -> Result<(), ClaimError> {
         for d in rec.devices.iter().rev() {
             match &d.kind {
+                // The static layout's instance outlives the claim.
+                DeviceKind::Mig { held: true, .. } => {}
                 DeviceKind::Mig {
                     profile_id,
                     start,
@@ -39,6 +41,16 @@ impl Driver {
                 } => {
                     let (gpu, profile_id, start) = (d.gpu, *profile_id, *start);
                     let identity = created.clone();
+                    let layout_holds = self
+                        .claims
+                        .lock()
+                        .await
+                        .held(gpu, start, profile_id)
+                        .and_then(|h| h.created.as_ref())
+                        .is_some_and(|m| identity.as_ref().is_none_or(|i| i.uuid == m.uuid));
+                    if layout_holds {
+                        continue;
+                    }
                     let started = std::time::Instant::now();
                     self.on_hardware(move |b| {
                         // GI ids are reused after destroy: identify the instance by its

@@ -55,11 +55,7 @@ pub fn resolve_offers<'a>(
         .iter()
         .map(|gpu| {
             let l = layout(gpu);
-            let cfg = spec.and_then(|s| {
-                s.gpus.iter().find(|c| {
-                    c.index == gpu.index && c.uuid.as_ref().is_none_or(|u| *u == gpu.uuid)
-                })
-            });
+            let cfg = spec.and_then(|s| config_for(s, gpu));
             match cfg {
                 Some(cfg) => from_config(gpu, l, cfg, &mut warnings),
                 None => match (default, l) {
@@ -72,6 +68,14 @@ pub fn resolve_offers<'a>(
         })
         .collect();
     (offers, warnings)
+}
+
+/// The spec's entry for `gpu`: the one at its index, unless it names another GPU's UUID
+/// (a board swapped since the operator resolved it).
+pub fn config_for<'s>(spec: &'s GpuNodeSpec, gpu: &GpuInfo) -> Option<&'s GpuConfig> {
+    spec.gpus
+        .iter()
+        .find(|c| c.index == gpu.index && c.uuid.as_ref().is_none_or(|u| *u == gpu.uuid))
 }
 
 fn from_config(

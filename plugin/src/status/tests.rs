@@ -115,6 +115,7 @@ fn checkpoint() -> Checkpoint {
                         compute_instance_id: 0,
                         uuid: "MIG-0-2".into(),
                     }),
+                    held: false,
                 },
             ),
             record(
@@ -127,6 +128,7 @@ fn checkpoint() -> Checkpoint {
                     start: 0,
                     size: 1,
                     created: None,
+                    held: false,
                 },
             ),
         ]
@@ -146,6 +148,7 @@ struct Fixture {
     mps_running: BTreeMap<u32, bool>,
     unavailable: Vec<String>,
     geometry: Vec<String>,
+    holding: crate::driver::HoldReport,
 }
 
 impl Fixture {
@@ -161,6 +164,7 @@ impl Fixture {
             mps_running: BTreeMap::new(),
             unavailable: vec![],
             geometry: vec![],
+            holding: Default::default(),
         }
     }
 
@@ -178,6 +182,7 @@ impl Fixture {
                 config_warnings: &self.config_warnings,
                 unavailable: &self.unavailable,
                 geometry: &self.geometry,
+                holding: &self.holding,
             },
             previous,
         )
@@ -490,4 +495,91 @@ fn instances_that_do_not_fit_the_geometry_make_the_node_not_ready_with_the_reaso
         ("False", reasons::UNEXPECTED_GEOMETRY)
     );
     assert!(r.message.contains("3g.40gb at 2"), "{}", r.message);
+}
+
+#[test]
+fn a_static_layout_shows_its_instances_before_any_claim_and_adopted_ones_as_external() {
+    use crate::checkpoint::{HeldInstance, HeldLayout};
+    let mut f = Fixture::new();
+    // GPU 1 holds a 3g.40gb at 0 it made and a 3g.40gb at 4 it found; no claim uses them.
+    f.live.insert(
+        1,
+        vec![
+            instance(1, 1, 9, "3g.40gb", 0, 4),
+            instance(1, 2, 9, "3g.40gb", 4, 4),
+        ],
+    );
+    let held = |gi: u32, start: u8, adopted: bool| HeldInstance {
+        profile_id: 9,
+        profile: "3g.40gb".into(),
+        start,
+        size: 4,
+        created: Some(MigIdentity {
+            gpu_instance_id: gi,
+            compute_instance_id: 0,
+            uuid: format!("MIG-1-{gi}"),
+        }),
+        adopted,
+    };
+    f.checkpoint.layouts.insert(
+        1,
+        HeldLayout {
+            gpu_uuid: f.hw.gpus[1].uuid.clone(),
+            instances: vec![held(1, 0, false), held(2, 4, true)],
+        },
+    );
+    let s = f.compute(&[]);
+    let shown: Vec<(u32, bool, InstanceOrigin, bool)> = s.gpus[1]
+        .instances
+        .iter()
+        .map(|i| {
+            (
+                i.placement_start,
+                i.static_layout,
+                i.origin,
+                i.claim.is_some(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            (0, true, InstanceOrigin::Tessera, false),
+            (4, true, InstanceOrigin::External, false)
+        ]
+    );
+    // GPU 0's instances belong to no layout.
+    assert!(s.gpus[0].instances.iter().all(|i| !i.static_layout));
+}
+
+#[test]
+fn a_mig_mode_change_waiting_for_a_reset_shows_in_applied_before_an_incomplete_layout() {
+    let mut f = Fixture::new();
+    f.holding
+        .incomplete
+        .insert(0, "GPU 0: the static layout is not complete".into());
+    f.holding
+        .pending_reset
+        .insert(1, "GPU 1: MIG mode on waits for a GPU reset".into());
+    let applied = |s: &GpuNodeStatus| {
+        let c = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == types::APPLIED)
+            .unwrap()
+            .clone();
+        (c.status, c.reason, c.message)
+    };
+    let (status, reason, message) = applied(&f.compute(&[]));
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", reasons::MIG_MODE_PENDING_RESET)
+    );
+    assert!(message.contains("waits for a GPU reset"), "{message}");
+    f.holding.pending_reset.clear();
+    let (status, reason, _) = applied(&f.compute(&[]));
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", reasons::REPARTITIONING)
+    );
 }
