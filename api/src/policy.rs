@@ -56,8 +56,10 @@ pub struct GpuSharingPolicySpec {
     #[schemars(range(min = -1000, max = 1000))]
     pub priority: i32,
 
-    /// Nodes this policy applies to. Omitted: every node that runs the Tessera plugin.
+    /// Nodes this policy applies to, by their labels (`matchLabels`, `matchExpressions`).
+    /// Omitted: every node that runs the Tessera plugin.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::label_selector")]
     pub node_selector: Option<LabelSelector>,
 
     /// GPUs on the selected nodes this policy applies to. Omitted: every GPU of those nodes.
@@ -130,11 +132,11 @@ impl SharingStrategy {
 pub struct GpuSelector {
     /// NVML product names, e.g. `NVIDIA H100 80GB HBM3`. Empty: any product.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 16), inner(length(min = 1, max = 96)))]
+    #[schemars(length(max = 16), inner(length(min = 1, max = 96)), extend("x-kubernetes-list-type" = "set"))]
     pub product_names: Vec<String>,
     /// GPU indices on the node (as NVML numbers them). Empty: any index.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 16), inner(range(min = 0, max = 63)))]
+    #[schemars(length(max = 16), inner(range(min = 0, max = 63)), extend("x-kubernetes-list-type" = "set"))]
     pub indices: Vec<u32>,
 }
 

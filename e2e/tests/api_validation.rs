@@ -222,6 +222,46 @@ const INVALID: &[(&str, &str, &str)] = &[
         "strategy: Sharing",
         "Unsupported value: \"Sharing\"",
     ),
+    (
+        "selector-in-without-values",
+        "strategy: Exclusive\nnodeSelector: {matchExpressions: [{key: tessera.dev/pool, operator: In}]}",
+        "nodeSelector.matchExpressions: operator In on tessera.dev/pool needs at least one value",
+    ),
+    (
+        "selector-exists-with-values",
+        "strategy: Exclusive\nnodeSelector: {matchExpressions: [{key: gpu, operator: Exists, values: [a]}]}",
+        "nodeSelector.matchExpressions: operator Exists on gpu takes no values",
+    ),
+    (
+        "selector-unknown-operator",
+        "strategy: Exclusive\nnodeSelector: {matchExpressions: [{key: gpu, operator: Equals, values: [a]}]}",
+        "Unsupported value: \"Equals\"",
+    ),
+    (
+        "selector-bad-key",
+        "strategy: Exclusive\nnodeSelector: {matchExpressions: [{key: tessera.dev/pool/x, operator: Exists}]}",
+        "nodeSelector.matchExpressions: tessera.dev/pool/x is not a label key",
+    ),
+    (
+        "selector-bad-value",
+        "strategy: Exclusive\nnodeSelector: {matchExpressions: [{key: pool, operator: In, values: [not ok]}]}",
+        "nodeSelector.matchExpressions: not ok is not a label value",
+    ),
+    (
+        "selector-bad-label-key",
+        "strategy: Exclusive\nnodeSelector: {matchLabels: {\"-pool\": a}}",
+        "nodeSelector.matchLabels has a key that is not a label key",
+    ),
+    (
+        "selector-bad-label-value",
+        "strategy: Exclusive\nnodeSelector: {matchLabels: {pool: \"a b\"}}",
+        "nodeSelector.matchLabels has a value that is not a label value",
+    ),
+    (
+        "duplicate-product-name",
+        "strategy: Exclusive\ngpuSelector: {productNames: [NVIDIA L4, NVIDIA L4]}",
+        "Duplicate value: \"NVIDIA L4\"",
+    ),
 ];
 
 #[tokio::test]

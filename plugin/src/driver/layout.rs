@@ -80,20 +80,18 @@ pub fn wants(
                     mig_mode: Some(true),
                     allow_reset,
                 },
+                // Hopper and newer switch at prepare time; and only a configuration the
+                // operator resolved switches an A100: the plugin's own default leaves the
+                // GPU as the admin set it up.
                 _ if !needs_reset => GpuWant::default(),
-                GpuOffer::DynamicMig { .. } => GpuWant {
-                    mig_mode: Some(true),
-                    allow_reset,
-                    ..GpuWant::default()
+                _ => match cfg {
+                    Some(c) => GpuWant {
+                        mig_mode: Some(c.strategy == SharingStrategy::Mig),
+                        allow_reset,
+                        ..GpuWant::default()
+                    },
+                    None => GpuWant::default(),
                 },
-                // Only a configuration the operator resolved moves an A100 out of MIG:
-                // the plugin's own default leaves the GPU as the admin set it up.
-                _ if cfg.is_some_and(|c| c.strategy != SharingStrategy::Mig) => GpuWant {
-                    mig_mode: Some(false),
-                    allow_reset,
-                    ..GpuWant::default()
-                },
-                _ => GpuWant::default(),
             };
             Some((info.index, want))
         })

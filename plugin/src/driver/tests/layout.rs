@@ -324,3 +324,80 @@ async fn a_gpu_in_use_is_never_reset() {
     );
     assert_eq!(shape(&node, 0), [("7g.40gb".into(), 0)]);
 }
+
+#[test]
+fn what_each_gpu_holds_ahead_of_claims_follows_its_offer_and_spec_entry() {
+    use tessera_api::{
+        GpuNodeSpec,
+        gpunode::{GpuConfig, GpuMigConfig},
+        policy::SharingStrategy,
+    };
+
+    use crate::slices::GpuOffer;
+    let info = |model: &str, index: u32| tessera_gpu::backend::GpuInfo {
+        uuid: format!("GPU-{index}"),
+        ..tessera_gpu::backend::GpuInfo::from_model(find_model(model).unwrap(), index)
+    };
+    let gpus = NodeGpus {
+        gpus: vec![
+            info(H100, 0),
+            info(A100, 1),
+            info(A100, 2),
+            info(A100, 3),
+            info("l4", 4),
+        ],
+        layouts: (0..4)
+            .map(|i| {
+                let m = if i == 0 { H100 } else { A100 };
+                (i, find_model(m).unwrap().mig.clone().unwrap())
+            })
+            .collect(),
+        unreadable: BTreeMap::new(),
+    };
+    let entry = |index: u32, strategy: SharingStrategy, allow: bool| GpuConfig {
+        index,
+        uuid: None,
+        strategy,
+        policy: Some("p".into()),
+        mig: (strategy == SharingStrategy::Mig).then(GpuMigConfig::default),
+        mps: None,
+        time_slicing: None,
+        allow_gpu_reset: allow,
+    };
+    let spec = GpuNodeSpec {
+        gpus: vec![
+            entry(0, SharingStrategy::Mig, false),
+            entry(1, SharingStrategy::Mig, true),
+            entry(2, SharingStrategy::Exclusive, false),
+        ],
+    };
+    let offers = vec![
+        GpuOffer::StaticMig {
+            placements: vec![(at(H100, "7g.80gb", 0).profile_id, 0)],
+        },
+        GpuOffer::DynamicMig {
+            allowed_profile_ids: vec![],
+        },
+        GpuOffer::Exclusive,
+        // No entry: the plugin's default.
+        GpuOffer::DynamicMig {
+            allowed_profile_ids: vec![],
+        },
+        GpuOffer::Exclusive,
+    ];
+    let w = crate::driver::wants(&gpus, &offers, Some(&spec));
+    let got: Vec<(u32, usize, Option<bool>, bool)> = w
+        .iter()
+        .map(|(g, w)| (*g, w.layout.len(), w.mig_mode, w.allow_reset))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (0, 1, Some(true), false),
+            (1, 0, Some(true), true),
+            (2, 0, Some(false), false),
+            (3, 0, None, false),
+        ],
+        "the L4 has no MIG and no entry"
+    );
+}
