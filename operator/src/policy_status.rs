@@ -431,6 +431,59 @@ mod tests {
     }
 
     #[test]
+    fn a_reset_the_policy_does_not_allow_comes_before_gpus_being_brought_along() {
+        let mut outcome = PolicyOutcome {
+            matched_nodes: set(&["a"]),
+            governed: set(&["a/0", "a/1"]),
+            pending_reset: set(&["a/0"]),
+            applying: BTreeMap::from([(
+                "a/1".to_string(),
+                "1 of 2 static instance(s) not made yet".to_string(),
+            )]),
+            ..PolicyOutcome::default()
+        };
+        let s = compute(
+            &policy(0),
+            &outcome,
+            &Usage::default(),
+            None,
+            Timestamp::now(),
+        );
+        let p = get(&s, types::PROGRESSING);
+        assert_eq!(
+            (p.status.as_str(), p.reason.as_str()),
+            ("True", reasons::MIG_MODE_PENDING_RESET)
+        );
+        assert!(p.message.contains("a/0"), "{}", p.message);
+        assert!(
+            p.message.contains("repartition.allowGpuReset"),
+            "{}",
+            p.message
+        );
+        assert_eq!(
+            get(&s, types::READY).reason,
+            reasons::MIG_MODE_PENDING_RESET
+        );
+
+        outcome.pending_reset.clear();
+        let s = compute(
+            &policy(0),
+            &outcome,
+            &Usage::default(),
+            None,
+            Timestamp::now(),
+        );
+        let p = get(&s, types::PROGRESSING);
+        assert_eq!(p.reason, reasons::REPARTITIONING);
+        assert!(
+            p.message
+                .contains("a/1: 1 of 2 static instance(s) not made yet"),
+            "{}",
+            p.message
+        );
+    }
+
+    #[test]
     fn an_unchanged_status_keeps_its_transition_times() {
         let outcome = PolicyOutcome {
             matched_nodes: set(&["a"]),
