@@ -367,6 +367,22 @@ pub struct GpuSharingPolicyStatus {
     /// `allocatedComputePercent` formatted for `kubectl get`, e.g. `43%`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocated_percent: Option<String>,
+    /// (Adaptive) claims of unschedulable pods that ask for a device shape one of
+    /// `adaptive.strategies` offers, by the shape each prefers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unmet_claims: Vec<UnmetShape>,
+}
+
+/// Claims that wait for one device shape.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UnmetShape {
+    /// The shape, e.g. `MIG 1g.10gb`, `MPS share (25%, 4096 MiB)`, `whole GPU`.
+    pub shape: String,
+    /// Devices of that shape the waiting claims ask for.
+    pub devices: u32,
+    /// Claims asking for it.
+    pub claims: u32,
 }
 
 /// Published and allocated devices of one kind.

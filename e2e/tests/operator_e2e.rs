@@ -629,3 +629,124 @@ async fn a_static_layout_exists_before_any_claim_a_claim_gets_one_and_a_change_w
     );
     wait_condition(&client, policy, "Ready", "True", "Governing").await;
 }
+
+/// (shape, devices, claims) of a policy's `unmetClaims`.
+async fn unmet(client: &Client, policy: &str) -> Vec<(String, u32, u32)> {
+    let api: Api<GpuSharingPolicy> = Api::all(client.clone());
+    api.get(policy)
+        .await
+        .ok()
+        .and_then(|p| p.status)
+        .map(|s| {
+            s.unmet_claims
+                .into_iter()
+                .map(|u| (u.shape, u.devices, u.claims))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn an_adaptive_policy_reports_what_unschedulable_pods_wait_for_and_what_it_cannot_model() {
+    let (cp, client) = setup().await;
+    let _node = SimNode::start(
+        &cp,
+        "h100-1",
+        "gpus: [{model: h100-80gb}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    let op = OperatorProcess::start(&cp, "op-0", false).await.unwrap();
+    apply_policy(
+        &client,
+        r"
+apiVersion: tessera.dev/v1alpha1
+kind: GpuSharingPolicy
+metadata: {name: adaptive}
+spec:
+  strategy: Adaptive
+  adaptive: {strategies: [MIG, MPS]}
+  mig: {mode: Dynamic}
+",
+    )
+    .await;
+    wait_spec(
+        &client,
+        "h100-1",
+        &[(0, SharingStrategy::Mig, Some("adaptive"))],
+    )
+    .await;
+
+    // The GPU offers MIG: an MPS share cannot be placed.
+    let share = cluster::GpuRequest {
+        class: "mps.tessera.dev",
+        selector: None,
+        capacity: Some(json!({"computePercent": "25", "memory": "4Gi"})),
+    };
+    cluster::create_claim_pod(&client, NS, "wants-mps", share)
+        .await
+        .unwrap();
+    let want = vec![("MPS share (25%, 4096 MiB)".to_string(), 1, 1)];
+    let seen = eventually("the MPS claim to count as unmet", WAIT, || async {
+        let u = unmet(&client, "adaptive").await;
+        (u == want).then_some(())
+    })
+    .await;
+    assert!(seen.is_ok(), "{:?}", unmet(&client, "adaptive").await);
+    assert_eq!(
+        op.metric("tessera_operator_unmet_devices{shape=\"MPS share (25%, 4096 MiB)\"}")
+            .await,
+        Some(1.0)
+    );
+
+    // A whole GPU picked by architecture (none here is an Ampere): Tessera cannot tell
+    // what that needs.
+    let odd = cluster::GpuRequest {
+        class: "gpu.tessera.dev",
+        selector: Some("device.attributes['gpu.tessera.dev'].architecture == 'ampere'"),
+        capacity: None,
+    };
+    cluster::create_claim_pod(&client, NS, "odd", odd)
+        .await
+        .unwrap();
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), NS);
+    let note = eventually("an UnmodelledClaim event on the pod", WAIT, || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("UnmodelledClaim")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("odd")
+            })
+            .and_then(|e| e.note)
+    })
+    .await
+    .unwrap();
+    assert!(
+        note.contains("selectors on DeviceClass gpu.tessera.dev are not modelled"),
+        "{note}"
+    );
+    assert_eq!(
+        op.metric("tessera_operator_unmodelled_claims").await,
+        Some(1.0)
+    );
+    assert_eq!(
+        unmet(&client, "adaptive").await,
+        want,
+        "never counted as demand"
+    );
+
+    // The pod goes: so does its demand.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
+    pods.delete("wants-mps", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    eventually("the demand to go", WAIT, || async {
+        unmet(&client, "adaptive").await.is_empty().then_some(())
+    })
+    .await
+    .unwrap();
+}

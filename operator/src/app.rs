@@ -94,6 +94,7 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
         (always_leading, None)
     };
     Operator::new(client, caches, metrics, &identity)
+        .with_demand_dwell(std::time::Duration::from_secs(args.demand_dwell_seconds))
         .run(changed, leading, ready_tx, shutdown)
         .await?;
     info!("stopped");

@@ -50,4 +50,9 @@ pub struct Args {
         default_value_t = 15
     )]
     pub leader_election_lease_seconds: u64,
+
+    /// Seconds a pod must have been unschedulable before its claims count as unmet demand
+    /// (a pod the scheduler is about to place is not demand).
+    #[arg(long, env = "TESSERA_DEMAND_DWELL_SECONDS", default_value_t = 10)]
+    pub demand_dwell_seconds: u64,
 }

@@ -11,6 +11,7 @@
 
 pub mod app;
 pub mod config;
+pub mod demand;
 pub mod events;
 pub mod metrics;
 pub mod policy_status;

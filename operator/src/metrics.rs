@@ -10,6 +10,8 @@
 //! | `tessera_operator_conflicted_gpus` | gauge | |
 //! | `tessera_operator_waiting_gpus` | gauge | |
 //! | `tessera_operator_leader` | gauge | |
+//! | `tessera_operator_unmet_devices` | gauge | `shape` |
+//! | `tessera_operator_unmodelled_claims` | gauge | |
 
 use std::{collections::BTreeMap, sync::Mutex, time::Duration};
 
@@ -35,6 +37,11 @@ struct ObjectLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShapeLabel {
+    shape: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GpuLabels {
     policy: String,
     strategy: String,
@@ -55,6 +62,9 @@ pub struct Metrics {
     pub waiting_gpus: Gauge,
     /// 1 while this replica holds the lease and writes.
     pub leader: Gauge,
+    unmet: Family<ShapeLabel, Gauge>,
+    unmet_labels: Mutex<Vec<ShapeLabel>>,
+    unmodelled: Gauge,
 }
 
 impl Default for Metrics {
@@ -114,7 +124,22 @@ impl Metrics {
             "1 while this replica is the leader (the only one that writes)",
             leader.clone(),
         );
+        let unmet = Family::<ShapeLabel, Gauge>::default();
+        registry.register(
+            "unmet_devices",
+            "Devices that claims of unschedulable pods ask for, by the shape they prefer",
+            unmet.clone(),
+        );
+        let unmodelled = Gauge::default();
+        registry.register(
+            "unmodelled_claims",
+            "Claims of unschedulable pods that ask Tessera's DeviceClasses in a form Tessera cannot model",
+            unmodelled.clone(),
+        );
         Self {
+            unmet,
+            unmet_labels: Mutex::new(Vec::new()),
+            unmodelled,
             registry,
             passes,
             pass_duration,
@@ -171,6 +196,27 @@ impl Metrics {
             self.gpus.get_or_create(&l).set(*n);
             known.push(l);
         }
+    }
+
+    /// Sets the demand gauges; shapes no longer asked for go to zero.
+    pub fn set_unmet(&self, demand: &crate::demand::Demand) {
+        let mut known = self
+            .unmet_labels
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for l in known.iter() {
+            self.unmet.get_or_create(l).set(0);
+        }
+        known.clear();
+        for (shape, (devices, _)) in demand.by_shape(|_| true) {
+            let l = ShapeLabel {
+                shape: shape.to_string(),
+            };
+            self.unmet.get_or_create(&l).set(i64::from(devices));
+            known.push(l);
+        }
+        self.unmodelled
+            .set(i64::try_from(demand.unmodelled.len()).unwrap_or(i64::MAX));
     }
 
     /// The text exposition.

@@ -24,7 +24,8 @@ use crate::{
 const NAMED: usize = 5;
 
 /// The status of `policy` given what resolution made of it and what its GPUs hold;
-/// `previous` keeps transition times.
+/// `previous` keeps transition times. `unmetClaims` is left empty: demand is not
+/// resolution's (see [`unmet_claims`]).
 pub fn compute(
     policy: &PolicyView,
     outcome: &PolicyOutcome,
@@ -65,6 +66,7 @@ pub fn compute(
         allocated_memory_percent: usage.memory_percent,
         allocated_percent: (!outcome.governed.is_empty())
             .then(|| format!("{}%", usage.compute_percent)),
+        unmet_claims: Vec::new(),
     }
 }
 
@@ -298,6 +300,34 @@ fn condition(
         observed_generation: generation,
         last_transition_time: last.unwrap_or(Time(now)),
     }
+}
+
+/// The `unmetClaims` of an Adaptive policy: the waiting claims a shape of one of its
+/// strategies would serve. Other policies report none: they never change shape for
+/// demand.
+pub fn unmet_claims(
+    policy: &PolicyView,
+    demand: &crate::demand::Demand,
+) -> Vec<tessera_api::policy::UnmetShape> {
+    let Some(adaptive) = policy
+        .spec
+        .adaptive
+        .as_ref()
+        .filter(|_| policy.spec.strategy == tessera_api::policy::SharingStrategy::Adaptive)
+    else {
+        return Vec::new();
+    };
+    demand
+        .by_shape(|s| adaptive.strategies.contains(&s.strategy()))
+        .into_iter()
+        .map(
+            |(shape, (devices, claims))| tessera_api::policy::UnmetShape {
+                shape: shape.to_string(),
+                devices,
+                claims,
+            },
+        )
+        .collect()
 }
 
 /// Whether two statuses say the same, transition times aside.

@@ -19,7 +19,7 @@ use std::{
 use futures::{StreamExt, stream};
 use k8s_openapi::{
     api::{
-        core::v1::Node,
+        core::v1::{Node, Pod},
         resource::v1::{ResourceClaim, ResourceSlice},
     },
     jiff::Timestamp,
@@ -43,6 +43,7 @@ use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
 use crate::{
+    demand::{self, Demand},
     events::{self, Events},
     metrics::Metrics,
     policy_status,
@@ -91,6 +92,8 @@ pub struct Caches {
     nodes: Store<PartialObjectMeta<Node>>,
     claims: Store<ResourceClaim>,
     slices: Store<ResourceSlice>,
+    /// Pods no node is bound to: where unmet demand shows.
+    pods: Store<Pod>,
 }
 
 impl Caches {
@@ -133,6 +136,11 @@ impl Caches {
             slices: spawn(
                 Api::all(client.clone()),
                 all().fields(&format!("spec.driver={DRIVER_NAME}")),
+                changed.clone(),
+            ),
+            pods: spawn(
+                Api::all(client.clone()),
+                all().fields("spec.nodeName="),
                 changed,
             ),
         }
@@ -159,7 +167,42 @@ impl Caches {
         self.slices
             .wait_until_ready()
             .await
-            .map_err(|_| Error::CacheNeverReady("ResourceSlice"))
+            .map_err(|_| Error::CacheNeverReady("ResourceSlice"))?;
+        self.pods
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::CacheNeverReady("Pod"))
+    }
+
+    /// The claims unschedulable pods wait for, now.
+    fn demand(&self, dwell: Duration) -> Demand {
+        let pods = self.pods.state();
+        let pods: Vec<&Pod> = pods.iter().map(AsRef::as_ref).collect();
+        let claims = self.claims.state();
+        let by_name: BTreeMap<(&str, &str), &ResourceClaim> = claims
+            .iter()
+            .map(|c| {
+                (
+                    (
+                        c.metadata.namespace.as_deref().unwrap_or_default(),
+                        c.metadata.name.as_deref().unwrap_or_default(),
+                    ),
+                    c.as_ref(),
+                )
+            })
+            .collect();
+        demand::demand(
+            &pods,
+            |ns, name| by_name.get(&(ns, name)).copied(),
+            Timestamp::now(),
+            dwell,
+        )
+    }
+
+    fn pod_ref(&self, key: &str) -> Option<k8s_openapi::api::core::v1::ObjectReference> {
+        let (ns, name) = key.split_once('/')?;
+        let pod = self.pods.get(&reflector::ObjectRef::new(name).within(ns))?;
+        Some(pod.object_ref(&()))
     }
 
     /// What the GPUs publish and what claims hold: which GPUs are busy, and the policies'
@@ -248,6 +291,10 @@ pub struct Operator {
     /// watch yet and the cached content is stale, so it is not written again.
     /// With it, what was written.
     written: BTreeMap<(&'static str, String), (Option<String>, serde_json::Value)>,
+    /// How long a pod must have been unschedulable to count as demand.
+    dwell: Duration,
+    /// Unmodelled claims whose pods were told so (each once while it waits).
+    announced: BTreeSet<String>,
 }
 
 impl Operator {
@@ -260,7 +307,16 @@ impl Operator {
             metrics,
             waiting: BTreeMap::new(),
             written: BTreeMap::new(),
+            dwell: Duration::from_secs(10),
+            announced: BTreeSet::new(),
         }
+    }
+
+    /// How long a pod must have been unschedulable before its claims count as demand.
+    #[must_use]
+    pub fn with_demand_dwell(mut self, dwell: Duration) -> Self {
+        self.dwell = dwell;
+        self
     }
 
     /// Runs until `shutdown` resolves: a pass after every burst of events and every
@@ -286,12 +342,18 @@ impl Operator {
             let lead = *leading.borrow_and_update();
             self.metrics.leader.set(i64::from(lead));
             let mut wait = DEBOUNCE;
+            let mut recheck = RESYNC;
             if lead {
                 let started = Instant::now();
                 let result = self.pass().await;
                 self.metrics.observe_pass(started.elapsed(), result.is_ok());
                 match &result {
-                    Ok(()) => backoff = BACKOFF_START,
+                    Ok(next) => {
+                        backoff = BACKOFF_START;
+                        if let Some(next) = next {
+                            recheck = *next;
+                        }
+                    }
                     Err(e) => {
                         warn!(error = %tessera_kit::error_chain(e), retry_in = ?backoff, "pass failed; retrying");
                         wait = backoff;
@@ -309,13 +371,18 @@ impl Operator {
                     }
                 }
                 _ = tick.tick() => {}
+                // A pod's dwell ends without any event.
+                () = tokio::time::sleep(recheck) => {}
             }
             tokio::time::sleep(wait).await;
         }
     }
 
-    /// One pass: resolve, then write what differs.
-    pub async fn pass(&mut self) -> Result<(), Error> {
+    /// One pass: resolve, then write what differs. Returns when demand changes next
+    /// without an event (a pod's dwell ending), if it does.
+    pub async fn pass(&mut self) -> Result<Option<Duration>, Error> {
+        let demand = self.caches.demand(self.dwell);
+        self.announce_unmodelled(&demand).await;
         let supply = self.caches.supply();
         let snapshot = self.caches.snapshot(&self.waiting, &supply);
         let resolution = resolve::resolve(&snapshot);
@@ -422,7 +489,8 @@ impl Operator {
                 continue;
             };
             let usage = usage::usage(&outcome.governed, &supply);
-            let status = policy_status::compute(policy, outcome, &usage, previous.as_ref(), ts);
+            let mut status = policy_status::compute(policy, outcome, &usage, previous.as_ref(), ts);
+            status.unmet_claims = policy_status::unmet_claims(policy, &demand);
             let key = ("policy", policy.name.clone());
             let unchanged = previous
                 .as_ref()
@@ -447,7 +515,34 @@ impl Operator {
             }
         }
         self.record_gauges(&resolution);
-        first_error.map_or(Ok(()), Err)
+        self.metrics.set_unmet(&demand);
+        first_error.map_or(Ok(demand.recheck_in), Err)
+    }
+
+    /// Tells the pods of each newly unmodelled claim why no Adaptive policy will act for
+    /// it (once while it waits).
+    async fn announce_unmodelled(&mut self, demand: &Demand) {
+        self.announced.retain(|c| demand.unmodelled.contains_key(c));
+        for (claim, (pods, why)) in &demand.unmodelled {
+            if !self.announced.insert(claim.clone()) {
+                continue;
+            }
+            warn!(%claim, reason = %why, "a waiting claim asks Tessera's DeviceClasses in a form Tessera cannot model");
+            let event = kube::runtime::events::Event {
+                type_: kube::runtime::events::EventType::Warning,
+                reason: "UnmodelledClaim".into(),
+                note: Some(format!(
+                    "claim {claim}: {why}; Adaptive policies never reshape a GPU for a request they cannot model (see the README for the forms they understand)"
+                )),
+                action: "Demand".into(),
+                secondary: None,
+            };
+            for pod in pods {
+                if let Some(object) = self.caches.pod_ref(pod) {
+                    self.events.publish(&event, &object).await;
+                }
+            }
+        }
     }
 
     /// Whether this process already wrote `content` to the object while the cache showed
