@@ -37,6 +37,10 @@ pub mod device_type {
 /// value says why (`xid-79`, `gpu-lost`, `gpu-unreadable`), its effect is `NoSchedule`.
 pub const UNHEALTHY_TAINT_KEY: &str = "gpu.tessera.dev/unhealthy";
 
+/// Device taint (`NoSchedule`) on a GPU's devices while it changes shape: no new
+/// allocation lands on the old shape while the plugin checks that none did.
+pub const RECONFIGURING_TAINT_KEY: &str = "gpu.tessera.dev/reconfiguring";
+
 /// CDI vendor of a driver's devices: `k8s.<driver name>`, as the reference drivers use.
 pub fn cdi_vendor(driver_name: &str) -> String {
     format!("k8s.{driver_name}")

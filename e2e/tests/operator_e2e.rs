@@ -8,12 +8,15 @@
 use std::time::Duration;
 
 use k8s_openapi::{
-    api::{core::v1::Node, resource::v1::ResourceSlice},
+    api::{
+        core::v1::Node,
+        resource::v1::{ResourceClaim, ResourceSlice},
+    },
     apimachinery::pkg::apis::meta::v1::Condition,
 };
 use kube::{
     Api, Client,
-    api::{DeleteParams, ListParams, Patch, PatchParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
 use tessera_api::{GpuNode, GpuSharingPolicy, policy::SharingStrategy};
@@ -746,6 +749,113 @@ spec:
         .unwrap();
     eventually("the demand to go", WAIT, || async {
         unmet(&client, "adaptive").await.is_empty().then_some(())
+    })
+    .await
+    .unwrap();
+}
+
+/// The taint keys on the devices of `node`'s ResourceSlices, per device.
+async fn device_taints(client: &Client, node: &str) -> Vec<(String, Vec<String>)> {
+    let api: Api<ResourceSlice> = Api::all(client.clone());
+    let list = api
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .unwrap();
+    list.items
+        .iter()
+        .flat_map(|s| s.spec.devices.clone().unwrap_or_default())
+        .map(|d| {
+            let keys = d
+                .taints
+                .unwrap_or_default()
+                .into_iter()
+                .map(|t| t.key)
+                .collect();
+            (d.name, keys)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn an_allocation_made_while_a_gpu_changes_shape_wins_and_the_change_waits_for_it() {
+    let (cp, client) = setup().await;
+    let _node = SimNode::start(&cp, "l4-1", "gpus: [{model: l4}]\nlatencies: zero\n")
+        .await
+        .unwrap();
+    let _op = OperatorProcess::start(&cp, "op-0", false).await.unwrap();
+    let exclusive = X.replace("strategy: MPS", "strategy: Exclusive");
+    apply_policy(&client, &exclusive).await;
+    eventually("the whole GPU to be offered", WAIT, || async {
+        (device_taints(&client, "l4-1").await == [("gpu-0".to_string(), vec![])]).then_some(())
+    })
+    .await
+    .unwrap();
+
+    // The GPU is to become MPS: first its old device is fenced.
+    apply_policy(&client, X).await;
+    let fenced = vec![(
+        "gpu-0".to_string(),
+        vec!["gpu.tessera.dev/reconfiguring".to_string()],
+    )];
+    eventually("the whole GPU to be fenced", WAIT, || async {
+        (device_taints(&client, "l4-1").await == fenced).then_some(())
+    })
+    .await
+    .unwrap();
+
+    // The race: an allocation of the old device the scheduler decided before it saw the
+    // fence lands now (written as the scheduler would, in the claim's status).
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+    let c = claims
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": "raced"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]}}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let mut allocated = c.clone();
+    allocated.status = Some(
+        serde_json::from_value(json!({"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.tessera.dev", "pool": "l4-1", "device": "gpu-0"}]}}}))
+        .unwrap(),
+    );
+    claims
+        .replace_status("raced", &PostParams::default(), &allocated)
+        .await
+        .unwrap();
+
+    // The allocation wins: the old shape stays, unfenced, and the GpuNode says why.
+    let gpunodes: Api<GpuNode> = Api::all(client.clone());
+    let applied = eventually("the change to wait for the raced claim", WAIT, || async {
+        let g = gpunodes.get("l4-1").await.ok()?;
+        g.status?.conditions.into_iter().find(|c| {
+            c.type_ == "Applied" && c.message.contains("waits for claim(s) workloads/raced")
+        })
+    })
+    .await
+    .unwrap();
+    assert_eq!(applied.status, "False");
+    assert_eq!(
+        device_taints(&client, "l4-1").await,
+        [("gpu-0".to_string(), vec![])],
+        "the old shape serves its claim, not fenced"
+    );
+
+    // Once the claim goes, the change goes through.
+    claims
+        .delete("raced", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the MPS share to be offered", WAIT, || async {
+        device_names(&client, "l4-1")
+            .await
+            .contains(&"gpu-0-mps".to_string())
+            .then_some(())
     })
     .await
     .unwrap();

@@ -136,16 +136,22 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
     let node_uid = node.metadata.uid.unwrap_or_default();
 
     let metrics = Arc::new(Metrics::new());
-    // Prepare reads claims from this watch cache instead of making an API round trip.
+    // Prepare reads claims from this watch cache instead of making an API round trip;
+    // the node loop hears of its changes (a claim that held a GPU's change back ending).
     let (claim_cache, claim_writer) = reflector::store();
     let claims_api: Api<ResourceClaim> = Api::all(client.clone());
+    let claim_events = Arc::new(tokio::sync::Notify::new());
+    let notify = claim_events.clone();
     background.spawn(
         reflector(
             claim_writer,
             watcher(claims_api, watcher::Config::default()),
         )
         .default_backoff()
-        .for_each(|_| std::future::ready(())),
+        .for_each(move |_| {
+            notify.notify_one();
+            std::future::ready(())
+        }),
     );
     let boot_id = checkpoint::read_boot_id(&args.boot_id_file);
     let driver = Driver::new(DriverConfig {
@@ -154,7 +160,7 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
         backend: backend.clone(),
         gpus,
         store: CheckpointStore::new(&args.state_dir, boot_id.clone()),
-        claims: Arc::new(KubeClaims::new(client.clone(), Some(claim_cache))),
+        claims: Arc::new(KubeClaims::new(client.clone(), Some(claim_cache.clone()))),
         cdi: CdiWriter::new(&args.cdi_dir, &args.driver_name),
         mps_root: args.state_dir.join("mps"),
         caps_root: args.nvidia_caps_root.clone(),
@@ -184,6 +190,8 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
         client: client.clone(),
         state: driver.state(),
         keeper: driver.keeper(),
+        claims: claim_cache,
+        claim_events,
         metrics: metrics.clone(),
         node_uid,
         default_strategy: args.default_strategy,

@@ -17,6 +17,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod devnodes;
 pub mod driver;
+pub mod fence;
 pub mod health_store;
 pub mod kubelet;
 pub mod metrics;

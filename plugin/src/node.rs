@@ -21,13 +21,13 @@ use std::{
 
 use futures::StreamExt;
 use k8s_openapi::{
-    api::resource::v1::{DeviceTaint, ResourceSlice},
+    api::resource::v1::{DeviceTaint, ResourceClaim, ResourceSlice},
     jiff::Timestamp,
 };
 use kube::{
     Api, Client,
     api::ListParams,
-    runtime::{WatchStreamExt, watcher},
+    runtime::{WatchStreamExt, reflector::Store, watcher},
 };
 use tessera_api::GpuNode;
 use tessera_gpu::backend::{HealthEvent, HealthEventKind, MigInstance};
@@ -38,6 +38,7 @@ use crate::{
     checkpoint::Checkpoint,
     config::DefaultStrategy,
     driver::{self, Keeper},
+    fence::{Handover, Publish},
     health_store::HealthStore,
     kubelet::{DeviceHealthEntry, DeviceHealthStatus, RegistrationState},
     metrics::Metrics,
@@ -50,7 +51,9 @@ use crate::{
 pub const RESYNC: Duration = Duration::from_secs(60);
 /// The shortest time between two passes woken by prepares or unprepares.
 pub const CLAIM_PACE: Duration = Duration::from_millis(250);
-pub use tessera_api::constants::UNHEALTHY_TAINT_KEY as UNHEALTHY_TAINT;
+pub use tessera_api::constants::{
+    RECONFIGURING_TAINT_KEY as RECONFIGURING_TAINT, UNHEALTHY_TAINT_KEY as UNHEALTHY_TAINT,
+};
 
 /// One pass failed.
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +73,18 @@ pub enum Error {
 pub struct NodeLoop {
     state: Arc<NodeState>,
     keeper: Keeper,
+    /// Every ResourceClaim (the driver's watch cache): which GPUs hold allocations.
+    claims: Store<ResourceClaim>,
+    /// Notified on every change of that cache.
+    claim_events: Arc<tokio::sync::Notify>,
+    /// Whether some GPU's change waits for claims (then claim changes call for a pass).
+    held_back: bool,
+    /// Each GPU's applied offer, and the fences of GPUs changing shape.
+    handover: Handover,
+    /// GPUs fenced this pass.
+    fenced: BTreeSet<u32>,
+    /// When the next fence's settle time ends.
+    recheck: Option<Duration>,
     metrics: Arc<Metrics>,
     publisher: Publisher,
     status: StatusWriter,
@@ -96,6 +111,10 @@ pub struct NodeLoopConfig {
     pub state: Arc<NodeState>,
     /// Holds static layouts and MIG modes ahead of claims.
     pub keeper: Keeper,
+    /// The ResourceClaim watch cache.
+    pub claims: Store<ResourceClaim>,
+    /// Notified on every change of that cache.
+    pub claim_events: Arc<tokio::sync::Notify>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// The Node's UID (owner of the slices and the GpuNode).
@@ -117,6 +136,8 @@ impl NodeLoop {
             client,
             state,
             keeper,
+            claims,
+            claim_events,
             metrics,
             node_uid,
             default_strategy,
@@ -145,6 +166,12 @@ impl NodeLoop {
             slices_api: Api::all(client),
             state,
             keeper,
+            claims,
+            claim_events,
+            held_back: false,
+            handover: Handover::default(),
+            fenced: BTreeSet::new(),
+            recheck: None,
             metrics,
             default_strategy,
             health,
@@ -178,12 +205,16 @@ impl NodeLoop {
             Some(&gpunode.spec),
             self.default_strategy,
         );
+        let (offers, handover_notes) = self.hand_over(&hw.gpus, offers).await;
         // What the GPUs hold ahead of claims comes first: the devices published below are
         // the instances this leaves.
-        let holding = self
+        let mut holding = self
             .keeper
             .hold(&driver::wants(hw, &offers, Some(&gpunode.spec)))
             .await;
+        for (gpu, note) in handover_notes {
+            holding.incomplete.entry(gpu).or_insert(note);
+        }
         let hw = &self.state.current().await;
         if warnings != self.last_warnings {
             for w in &warnings {
@@ -321,18 +352,122 @@ impl NodeLoop {
 
     fn apply_taints(&self, pool: &mut DesiredPool) {
         for (gpu, devices) in &mut pool.device_slices {
-            let Some(h) = self.health.get(gpu).filter(|h| !h.healthy) else {
-                continue;
-            };
-            for d in devices {
-                d.taints = Some(vec![DeviceTaint {
+            let mut taints = Vec::new();
+            if let Some(h) = self.health.get(gpu).filter(|h| !h.healthy) {
+                taints.push(DeviceTaint {
                     key: UNHEALTHY_TAINT.into(),
                     value: h.message.as_deref().map(taint_value),
                     effect: "NoSchedule".into(),
                     time_added: None,
-                }]);
+                });
+            }
+            if self.fenced.contains(gpu) {
+                taints.push(DeviceTaint {
+                    key: RECONFIGURING_TAINT.into(),
+                    value: None,
+                    effect: "NoSchedule".into(),
+                    time_added: None,
+                });
+            }
+            if taints.is_empty() {
+                continue;
+            }
+            for d in devices {
+                d.taints = Some(taints.clone());
             }
         }
+    }
+
+    /// Steps each GPU's offer through the hand-over (see [`crate::fence`]): the offers to
+    /// publish, and per GPU what holds its change back.
+    async fn hand_over(
+        &mut self,
+        gpus: &[tessera_gpu::backend::GpuInfo],
+        desired: Vec<slices::GpuOffer>,
+    ) -> (Vec<slices::GpuOffer>, BTreeMap<u32, String>) {
+        let mut users = self.users().await;
+        let now = std::time::Instant::now();
+        self.fenced.clear();
+        self.recheck = None;
+        self.held_back = false;
+        let mut notes = BTreeMap::new();
+        let mut offers = Vec::with_capacity(desired.len());
+        for (gpu, want) in gpus.iter().zip(desired) {
+            let step = self.handover.step(
+                gpu.index,
+                &want,
+                users.remove(&gpu.index).unwrap_or_default(),
+                now,
+            );
+            if let Some(r) = step.recheck_in {
+                self.recheck = Some(self.recheck.map_or(r, |x| x.min(r)));
+            }
+            if !step.held_by.is_empty() {
+                self.held_back = true;
+                notes.insert(
+                    gpu.index,
+                    format!(
+                        "GPU {}: its new configuration waits for claim(s) {} allocated on it",
+                        gpu.index,
+                        step.held_by.join(", ")
+                    ),
+                );
+            }
+            offers.push(match step.publish {
+                Publish::Offer(o) => o,
+                Publish::Fenced(o) => {
+                    info!(gpu = gpu.index, "GPU changes shape: fencing its devices while allocations in flight settle");
+                    notes.insert(
+                        gpu.index,
+                        format!(
+                            "GPU {}: changing shape; its devices are fenced ({RECONFIGURING_TAINT}, NoSchedule) until allocations in flight have settled",
+                            gpu.index
+                        ),
+                    );
+                    self.fenced.insert(gpu.index);
+                    o
+                }
+            });
+        }
+        (offers, notes)
+    }
+
+    /// The claims allocated on (from the watch cache) or prepared for (the checkpoint)
+    /// each GPU of this node, as `namespace/name`.
+    async fn users(&self) -> BTreeMap<u32, Vec<String>> {
+        let mut users: BTreeMap<u32, BTreeSet<String>> = BTreeMap::new();
+        for c in self.claims.state() {
+            let results = c
+                .status
+                .as_ref()
+                .and_then(|s| s.allocation.as_ref())
+                .and_then(|a| a.devices.as_ref())
+                .and_then(|d| d.results.as_ref());
+            for r in results.into_iter().flatten() {
+                if r.driver != self.state.driver_name() || r.pool != self.state.node() {
+                    continue;
+                }
+                if let Ok(name) = tessera_gpu::naming::parse_device_name(&r.device) {
+                    users.entry(name.gpu()).or_default().insert(format!(
+                        "{}/{}",
+                        c.metadata.namespace.as_deref().unwrap_or_default(),
+                        c.metadata.name.as_deref().unwrap_or_default()
+                    ));
+                }
+            }
+        }
+        for r in self.state.claims().snapshot().await.claims.values() {
+            for d in &r.devices {
+                users
+                    .entry(d.gpu)
+                    .or_default()
+                    .insert(format!("{}/{}", r.namespace, r.name));
+            }
+        }
+        users
+            .into_iter()
+            .map(|(g, s)| (g, s.into_iter().collect()))
+            .collect()
     }
 
     fn publish_health(&self, pool: &DesiredPool) {
@@ -488,7 +623,8 @@ impl NodeLoop {
             let retry = tokio::time::sleep(if result.is_err() {
                 backoff
             } else {
-                RESYNC * 10
+                // A fence's settle time ends without any event.
+                self.recheck.unwrap_or(RESYNC * 10)
             });
             tokio::pin!(retry);
             // Wait for something that calls for a pass.
@@ -503,6 +639,13 @@ impl NodeLoop {
                         break;
                     }
                     _ = registration.changed() => break,
+                    () = self.claim_events.notified(), if self.held_back => {
+                        tokio::select! {
+                            () = &mut shutdown => return,
+                            () = tokio::time::sleep_until(pass_started + CLAIM_PACE) => {}
+                        }
+                        break;
+                    }
                     Some(ev) = spec_events.next() => {
                         if self.on_gpunode_event(ev, &mut listed) {
                             break;
