@@ -679,6 +679,18 @@ spec:
         &[(0, SharingStrategy::Mig, Some("adaptive"))],
     )
     .await;
+    // The only GPU is in use, so no GPU can move for the demand below.
+    let small = cluster::GpuRequest {
+        class: "mig.tessera.dev",
+        selector: Some("device.attributes['gpu.tessera.dev'].profile == '1g.10gb'"),
+        capacity: None,
+    };
+    cluster::create_claim_pod(&client, NS, "busy", small)
+        .await
+        .unwrap();
+    cluster::wait_pod_running(&client, NS, "busy", WAIT)
+        .await
+        .unwrap();
 
     // The GPU offers MIG: an MPS share cannot be placed.
     let share = cluster::GpuRequest {
@@ -740,6 +752,11 @@ spec:
         unmet(&client, "adaptive").await,
         want,
         "never counted as demand"
+    );
+    assert_eq!(
+        spec_of(&client, "h100-1").await,
+        [(0, SharingStrategy::Mig, Some("adaptive".to_string()))],
+        "a GPU in use never changes"
     );
 
     // The pod goes: so does its demand.
@@ -859,4 +876,110 @@ async fn an_allocation_made_while_a_gpu_changes_shape_wins_and_the_change_waits_
     })
     .await
     .unwrap();
+}
+
+#[tokio::test]
+async fn waiting_mps_claims_move_an_idle_adaptive_gpu_to_mps_and_the_pods_run() {
+    let (cp, client) = setup().await;
+    let _node = SimNode::start(
+        &cp,
+        "h100-1",
+        "gpus: [{model: h100-80gb}, {model: h100-80gb}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    let op = OperatorProcess::start(&cp, "op-0", false).await.unwrap();
+    apply_policy(
+        &client,
+        r"
+apiVersion: tessera.dev/v1alpha1
+kind: GpuSharingPolicy
+metadata: {name: adaptive}
+spec:
+  strategy: Adaptive
+  adaptive: {strategies: [MIG, MPS]}
+  mig: {mode: Dynamic}
+  mps: {maxClients: 4}
+",
+    )
+    .await;
+    let both_mig = [
+        (0, SharingStrategy::Mig, Some("adaptive")),
+        (1, SharingStrategy::Mig, Some("adaptive")),
+    ];
+    wait_spec(&client, "h100-1", &both_mig).await;
+    // One GPU holds a MIG partition.
+    let small = cluster::GpuRequest {
+        class: "mig.tessera.dev",
+        selector: Some("device.attributes['gpu.tessera.dev'].profile == '1g.10gb'"),
+        capacity: None,
+    };
+    cluster::create_claim_pod(&client, NS, "inference", small)
+        .await
+        .unwrap();
+    cluster::wait_pod_running(&client, NS, "inference", WAIT)
+        .await
+        .unwrap();
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+    let used_gpu = eventually("the MIG claim's device", WAIT, || async {
+        claims
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find_map(|c| {
+                let d = c.status?.allocation?.devices?.results?.pop()?.device;
+                tessera_gpu::naming::parse_device_name(&d)
+                    .ok()
+                    .map(|n| n.gpu())
+            })
+    })
+    .await
+    .unwrap();
+    let idle_gpu = 1 - used_gpu;
+
+    // Two MPS shares wait: the idle GPU becomes MPS, the used one stays MIG.
+    for name in ["share-a", "share-b"] {
+        let share = cluster::GpuRequest {
+            class: "mps.tessera.dev",
+            selector: None,
+            capacity: Some(json!({"computePercent": "25", "memory": "4Gi"})),
+        };
+        cluster::create_claim_pod(&client, NS, name, share)
+            .await
+            .unwrap();
+    }
+    for name in ["share-a", "share-b"] {
+        cluster::wait_pod_running(&client, NS, name, WAIT)
+            .await
+            .unwrap();
+    }
+    let mut want = vec![
+        (used_gpu, SharingStrategy::Mig, Some("adaptive".to_string())),
+        (idle_gpu, SharingStrategy::Mps, Some("adaptive".to_string())),
+    ];
+    want.sort_by_key(|w| w.0);
+    assert_eq!(spec_of(&client, "h100-1").await, want);
+    assert_eq!(
+        op.metric("tessera_operator_adaptive_changes_total{from=\"MIG\",to=\"MPS\"}")
+            .await,
+        Some(1.0),
+        "one move for both claims"
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), NS);
+    let told: std::collections::BTreeSet<String> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("AdaptiveSwitch"))
+        .filter_map(|e| e.regarding.and_then(|r| r.name))
+        .collect();
+    assert!(
+        told.contains("share-a") || told.contains("share-b"),
+        "{told:?}"
+    );
+    assert!(unmet(&client, "adaptive").await.is_empty());
 }

@@ -9,6 +9,7 @@
 //! - [`runtime`]: the watch caches and the loop that writes what differs; [`app`]: the
 //!   wiring [`run`] starts; [`config`], [`metrics`].
 
+pub mod adaptive;
 pub mod app;
 pub mod config;
 pub mod demand;

@@ -12,6 +12,7 @@
 //! | `tessera_operator_leader` | gauge | |
 //! | `tessera_operator_unmet_devices` | gauge | `shape` |
 //! | `tessera_operator_unmodelled_claims` | gauge | |
+//! | `tessera_operator_adaptive_changes_total` | counter | `from`, `to` |
 
 use std::{collections::BTreeMap, sync::Mutex, time::Duration};
 
@@ -34,6 +35,12 @@ struct KindLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ObjectLabel {
     object: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MoveLabels {
+    from: &'static str,
+    to: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -65,6 +72,7 @@ pub struct Metrics {
     unmet: Family<ShapeLabel, Gauge>,
     unmet_labels: Mutex<Vec<ShapeLabel>>,
     unmodelled: Gauge,
+    adaptive_changes: Family<MoveLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -136,7 +144,14 @@ impl Metrics {
             "Claims of unschedulable pods that ask Tessera's DeviceClasses in a form Tessera cannot model",
             unmodelled.clone(),
         );
+        let adaptive_changes = Family::<MoveLabels, Counter>::default();
+        registry.register(
+            "adaptive_changes",
+            "Idle GPUs an Adaptive policy moved between strategies for waiting claims",
+            adaptive_changes.clone(),
+        );
         Self {
+            adaptive_changes,
             unmet,
             unmet_labels: Mutex::new(Vec::new()),
             unmodelled,
@@ -196,6 +211,13 @@ impl Metrics {
             self.gpus.get_or_create(&l).set(*n);
             known.push(l);
         }
+    }
+
+    /// Counts one adaptive move.
+    pub fn adaptive_change(&self, from: &'static str, to: &'static str) {
+        self.adaptive_changes
+            .get_or_create(&MoveLabels { from, to })
+            .inc();
     }
 
     /// Sets the demand gauges; shapes no longer asked for go to zero.

@@ -66,6 +66,9 @@ pub struct Snapshot {
     /// How long each GPU (`node`, index) has waited for its claims to go so that its new
     /// configuration can apply.
     pub waiting: BTreeMap<(String, u32), Duration>,
+    /// The strategy the adaptive planner chose for GPUs (`node`, index) of Adaptive
+    /// policies this pass (see [`crate::adaptive`]).
+    pub adaptive: BTreeMap<(String, u32), SharingStrategy>,
 }
 
 /// Where a GPU is: `node/index`.
@@ -153,7 +156,11 @@ pub fn resolve(snapshot: &Snapshot) -> Resolution {
                 Governing::One(policy) => {
                     let outcome = out.policies.entry(policy.name.clone()).or_default();
                     outcome.governed.insert(gpu_ref.clone());
-                    match desired(policy, gpu, previous) {
+                    let chosen = snapshot
+                        .adaptive
+                        .get(&(node_name.clone(), gpu.index))
+                        .copied();
+                    match desired(policy, gpu, previous, chosen) {
                         Err(why) => {
                             outcome.infeasible.insert(gpu_ref.clone(), why);
                             previous.cloned()
@@ -310,16 +317,11 @@ fn desired(
     policy: &PolicyView,
     gpu: &GpuState,
     previous: Option<&GpuConfig>,
+    chosen: Option<SharingStrategy>,
 ) -> Result<GpuConfig, String> {
     let spec = &policy.spec;
     let strategy = match spec.strategy {
-        // The adaptive planner's seam: until it decides per GPU, a GPU takes the policy's
-        // first (most preferred) strategy.
-        SharingStrategy::Adaptive => spec
-            .adaptive
-            .as_ref()
-            .and_then(|a| a.strategies.first().copied())
-            .unwrap_or(SharingStrategy::Exclusive),
+        SharingStrategy::Adaptive => adaptive_strategy(policy, previous, chosen),
         s => s,
     };
     let mut entry = GpuConfig {
@@ -341,6 +343,31 @@ fn desired(
         SharingStrategy::Exclusive | SharingStrategy::Adaptive => {}
     }
     Ok(entry)
+}
+
+/// An Adaptive policy's GPU takes what the planner chose this pass; else keeps the
+/// strategy it was moved to before (the choice lives in the spec, so it survives
+/// restarts); else the policy's first, most preferred, strategy.
+fn adaptive_strategy(
+    policy: &PolicyView,
+    previous: Option<&GpuConfig>,
+    chosen: Option<SharingStrategy>,
+) -> SharingStrategy {
+    let strategies = policy
+        .spec
+        .adaptive
+        .as_ref()
+        .map(|a| a.strategies.as_slice())
+        .unwrap_or_default();
+    let kept = previous
+        .filter(|p| p.policy.as_deref() == Some(policy.name.as_str()))
+        .map(|p| p.strategy);
+    chosen
+        .into_iter()
+        .chain(kept)
+        .find(|s| strategies.contains(s))
+        .or_else(|| strategies.first().copied())
+        .unwrap_or(SharingStrategy::Exclusive)
 }
 
 fn mig_config(

@@ -43,6 +43,7 @@ use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
 use crate::{
+    adaptive,
     demand::{self, Demand},
     events::{self, Events},
     metrics::Metrics,
@@ -58,6 +59,8 @@ const BACKOFF_START: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// API writes a pass has in flight at once.
 const WRITES_IN_FLIGHT: usize = 16;
+/// Waiting pods told of one adaptive move, at most.
+const MOVE_EVENT_PODS: usize = 10;
 /// How often a pass runs without any event (it writes nothing unless something changed).
 pub const RESYNC: Duration = Duration::from_secs(300);
 
@@ -274,6 +277,7 @@ impl Caches {
                 .iter()
                 .map(|(k, since)| (k.clone(), since.elapsed()))
                 .collect(),
+            adaptive: BTreeMap::new(),
         }
     }
 }
@@ -295,6 +299,8 @@ pub struct Operator {
     dwell: Duration,
     /// Unmodelled claims whose pods were told so (each once while it waits).
     announced: BTreeSet<String>,
+    /// When this process last moved each GPU (`node`, index) for demand: its cooldown.
+    changed_at: BTreeMap<(String, u32), Instant>,
 }
 
 impl Operator {
@@ -309,6 +315,7 @@ impl Operator {
             written: BTreeMap::new(),
             dwell: Duration::from_secs(10),
             announced: BTreeSet::new(),
+            changed_at: BTreeMap::new(),
         }
     }
 
@@ -384,8 +391,20 @@ impl Operator {
         let demand = self.caches.demand(self.dwell);
         self.announce_unmodelled(&demand).await;
         let supply = self.caches.supply();
-        let snapshot = self.caches.snapshot(&self.waiting, &supply);
-        let resolution = resolve::resolve(&snapshot);
+        let mut snapshot = self.caches.snapshot(&self.waiting, &supply);
+        let mut resolution = resolve::resolve(&snapshot);
+        let since_change: BTreeMap<(String, u32), Duration> = self
+            .changed_at
+            .iter()
+            .map(|(k, t)| (k.clone(), t.elapsed()))
+            .collect();
+        let moves = adaptive::plan(&snapshot, &resolution, &demand, &since_change);
+        if !moves.is_empty() {
+            for m in &moves {
+                snapshot.adaptive.insert((m.node.clone(), m.gpu), m.to);
+            }
+            resolution = resolve::resolve(&snapshot);
+        }
         let now = Instant::now();
         self.waiting.retain(|k, _| resolution.waiting.contains(k));
         for k in &resolution.waiting {
@@ -437,9 +456,11 @@ impl Operator {
         .collect()
         .await;
         let mut reconfigured = Vec::new();
+        let mut written_nodes = BTreeSet::new();
         for ((name, spec, before, key, seen, content), result) in results {
             match result {
                 Ok(()) => {
+                    written_nodes.insert(name.clone());
                     let changes = events::spec_changes(before, spec);
                     info!(gpunode = %name, gpus = spec.gpus.len(), changes = ?changes, "GpuNode spec written");
                     self.metrics.wrote("gpunode_spec");
@@ -454,6 +475,8 @@ impl Operator {
                 }
             }
         }
+        self.announce_moves(&moves, &written_nodes, &demand, &gpunode_refs)
+            .await;
         let events = &self.events;
         stream::iter(
             reconfigured
@@ -517,6 +540,58 @@ impl Operator {
         self.record_gauges(&resolution);
         self.metrics.set_unmet(&demand);
         first_error.map_or(Ok(demand.recheck_in), Err)
+    }
+
+    /// Records and announces the adaptive moves whose GpuNode spec was written: the
+    /// GPU's cooldown starts, and the GpuNode and the waiting pods get an event.
+    async fn announce_moves(
+        &mut self,
+        moves: &[adaptive::Change],
+        written: &BTreeSet<String>,
+        demand: &Demand,
+        gpunodes: &BTreeMap<String, k8s_openapi::api::core::v1::ObjectReference>,
+    ) {
+        for m in moves.iter().filter(|m| written.contains(&m.node)) {
+            self.changed_at
+                .insert((m.node.clone(), m.gpu), Instant::now());
+            self.metrics.adaptive_change(m.from.as_str(), m.to.as_str());
+            let note = format!(
+                "GPU {} of node {} switching from {} to {} for {} pending claim(s) (policy {})",
+                m.gpu,
+                m.node,
+                m.from.as_str(),
+                m.to.as_str(),
+                m.claims,
+                m.policy
+            );
+            info!(node = %m.node, gpu = m.gpu, from = m.from.as_str(), to = m.to.as_str(), claims = m.claims, policy = %m.policy, "adaptive: moving an idle GPU for waiting claims");
+            let event = kube::runtime::events::Event {
+                type_: kube::runtime::events::EventType::Normal,
+                reason: "AdaptiveSwitch".into(),
+                note: Some(note),
+                action: "Reshape".into(),
+                secondary: None,
+            };
+            if let Some(g) = gpunodes.get(&m.node) {
+                self.events.publish(&event, g).await;
+            }
+            let pods: BTreeSet<&String> = demand
+                .pending
+                .values()
+                .filter(|c| {
+                    c.requests
+                        .iter()
+                        .any(|r| r.alternatives.iter().any(|(s, _)| s.strategy() == m.to))
+                })
+                .flat_map(|c| &c.pods)
+                .take(MOVE_EVENT_PODS)
+                .collect();
+            for pod in pods {
+                if let Some(object) = self.caches.pod_ref(pod) {
+                    self.events.publish(&event, &object).await;
+                }
+            }
+        }
     }
 
     /// Tells the pods of each newly unmodelled claim why no Adaptive policy will act for

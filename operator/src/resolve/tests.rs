@@ -62,6 +62,7 @@ fn snapshot(policies: Vec<PolicyView>, nodes: Vec<(&str, NodeView)>) -> Snapshot
         policies,
         nodes: nodes.into_iter().map(|(n, v)| (n.to_string(), v)).collect(),
         waiting: BTreeMap::new(),
+        adaptive: BTreeMap::new(),
     }
 }
 
@@ -173,18 +174,35 @@ fn a_gpu_no_policy_selects_has_no_entry() {
 }
 
 #[test]
-fn adaptive_resolves_to_its_first_strategy_for_now() {
+fn adaptive_takes_the_planners_choice_keeps_it_and_starts_from_its_first_strategy() {
     let mut p = policy("ad", 0, SharingStrategy::Adaptive);
     p.spec.adaptive = Some(AdaptivePolicy {
         strategies: vec![SharingStrategy::Mps, SharingStrategy::Mig],
         cooldown: None,
     });
-    let r = resolve(&snapshot(
-        vec![p],
-        vec![("a", node(&[], vec![gpu(0, H100)]))],
-    ));
+    let mut s = snapshot(vec![p], vec![("a", node(&[], vec![gpu(0, H100)]))]);
+    let r = resolve(&s);
     assert_eq!(r.specs["a"].gpus[0].strategy, SharingStrategy::Mps);
     assert!(r.specs["a"].gpus[0].mps.is_some());
+
+    s.adaptive.insert(("a".into(), 0), SharingStrategy::Mig);
+    let r = resolve(&s);
+    assert_eq!(r.specs["a"].gpus[0].strategy, SharingStrategy::Mig);
+
+    // The next pass (or a restarted operator) keeps what the spec holds.
+    s.adaptive.clear();
+    s.nodes.get_mut("a").unwrap().spec = r.specs["a"].clone();
+    assert_eq!(
+        resolve(&s).specs["a"].gpus[0].strategy,
+        SharingStrategy::Mig
+    );
+    // A choice outside the policy's strategies is never taken.
+    s.adaptive
+        .insert(("a".into(), 0), SharingStrategy::TimeSlicing);
+    assert_eq!(
+        resolve(&s).specs["a"].gpus[0].strategy,
+        SharingStrategy::Mig
+    );
 }
 
 #[test]
