@@ -408,7 +408,13 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
         &[(0, SharingStrategy::TimeSlicing, Some("x"))],
     )
     .await;
-    assert_eq!(b.writes("gpunode_spec").await, 1, "{}", b.log_tail(20));
+    // The counter moves once b has the API server's answer, a moment after the spec is
+    // visible.
+    let wrote = eventually("op-b to count its write", WAIT, || async {
+        (b.writes("gpunode_spec").await == 1).then_some(())
+    })
+    .await;
+    assert!(wrote.is_ok(), "{}", b.log_tail(20));
 }
 
 #[tokio::test]
@@ -981,5 +987,106 @@ spec:
         told.contains("share-a") || told.contains("share-b"),
         "{told:?}"
     );
-    assert!(unmet(&client, "adaptive").await.is_empty());
+    eventually("the demand to be met", WAIT, || async {
+        unmet(&client, "adaptive").await.is_empty().then_some(())
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn mig_claims_move_an_idle_mps_gpu_and_the_cooldown_keeps_it_there() {
+    let (cp, client) = setup().await;
+    let _node = SimNode::start(
+        &cp,
+        "h100-1",
+        "gpus: [{model: h100-80gb}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    let op = OperatorProcess::start(&cp, "op-0", false).await.unwrap();
+    apply_policy(
+        &client,
+        r"
+apiVersion: tessera.dev/v1alpha1
+kind: GpuSharingPolicy
+metadata: {name: adaptive}
+spec:
+  strategy: Adaptive
+  adaptive: {strategies: [MPS, MIG], cooldown: 1h}
+  mig: {mode: Dynamic}
+",
+    )
+    .await;
+    wait_spec(
+        &client,
+        "h100-1",
+        &[(0, SharingStrategy::Mps, Some("adaptive"))],
+    )
+    .await;
+    eventually("the MPS share to be offered", WAIT, || async {
+        (device_names(&client, "h100-1").await == ["gpu-0-mps"]).then_some(())
+    })
+    .await
+    .unwrap();
+
+    // A MIG claim waits: the idle MPS GPU becomes MIG and the pod runs.
+    let small = cluster::GpuRequest {
+        class: "mig.tessera.dev",
+        selector: Some("device.attributes['gpu.tessera.dev'].profile == '1g.10gb'"),
+        capacity: None,
+    };
+    cluster::create_claim_pod(&client, NS, "inference", small)
+        .await
+        .unwrap();
+    cluster::wait_pod_running(&client, NS, "inference", WAIT)
+        .await
+        .unwrap();
+    let mig_now = [(0, SharingStrategy::Mig, Some("adaptive".to_string()))];
+    assert_eq!(
+        spec_of(&client, "h100-1").await,
+        mig_now,
+        "{}",
+        op.log_tail(40)
+    );
+
+    // The pod and its claim go: the GPU is idle again.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
+    pods.delete("inference", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+    eventually("the MIG claim to be gone", WAIT, || async {
+        claims
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .is_empty()
+            .then_some(())
+    })
+    .await
+    .unwrap();
+
+    // An MPS claim waits now, but the GPU keeps its new shape for the cooldown: the pass
+    // that reports the claim is the one that would have moved the GPU.
+    let share = cluster::GpuRequest {
+        class: "mps.tessera.dev",
+        selector: None,
+        capacity: Some(json!({"computePercent": "50", "memory": "8Gi"})),
+    };
+    cluster::create_claim_pod(&client, NS, "share", share)
+        .await
+        .unwrap();
+    let want = vec![("MPS share (50%, 8192 MiB)".to_string(), 1, 1)];
+    let seen = eventually("the MPS claim to count as unmet", WAIT, || async {
+        (unmet(&client, "adaptive").await == want).then_some(())
+    })
+    .await;
+    assert!(seen.is_ok(), "{:?}", unmet(&client, "adaptive").await);
+    assert_eq!(
+        spec_of(&client, "h100-1").await,
+        mig_now,
+        "within the cooldown the GPU keeps its shape"
+    );
 }
