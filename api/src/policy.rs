@@ -371,6 +371,40 @@ pub struct GpuSharingPolicyStatus {
     /// `adaptive.strategies` offers, by the shape each prefers.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unmet_claims: Vec<UnmetShape>,
+    /// (Adaptive) the governed GPUs per strategy they have now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus_by_strategy: Vec<StrategyGpus>,
+    /// (Adaptive) the last GPUs moved between strategies for waiting claims, newest
+    /// first (since the operator started).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 10))]
+    pub last_changes: Vec<AdaptiveChange>,
+}
+
+/// GPUs of one strategy.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StrategyGpus {
+    /// The strategy.
+    pub strategy: SharingStrategy,
+    /// GPUs that have it.
+    pub gpus: u32,
+}
+
+/// One GPU an Adaptive policy moved.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AdaptiveChange {
+    /// `node/index`.
+    pub gpu: String,
+    /// The strategy it had.
+    pub from: SharingStrategy,
+    /// The strategy it was given.
+    pub to: SharingStrategy,
+    /// Waiting claims that asked for `to`.
+    pub claims: u32,
+    /// When.
+    pub time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
 }
 
 /// Claims that wait for one device shape.

@@ -992,6 +992,31 @@ spec:
     })
     .await
     .unwrap();
+    // `kubectl describe gsp` tells the story.
+    let policies: Api<GpuSharingPolicy> = Api::all(client.clone());
+    let status = policies.get("adaptive").await.unwrap().status.unwrap();
+    let by_strategy: Vec<(SharingStrategy, u32)> = status
+        .gpus_by_strategy
+        .iter()
+        .map(|s| (s.strategy, s.gpus))
+        .collect();
+    assert_eq!(
+        by_strategy,
+        [(SharingStrategy::Mig, 1), (SharingStrategy::Mps, 1)]
+    );
+    let last: Vec<(String, SharingStrategy, SharingStrategy)> = status
+        .last_changes
+        .iter()
+        .map(|c| (c.gpu.clone(), c.from, c.to))
+        .collect();
+    assert_eq!(
+        last,
+        [(
+            format!("h100-1/{idle_gpu}"),
+            SharingStrategy::Mig,
+            SharingStrategy::Mps
+        )]
+    );
 }
 
 #[tokio::test]

@@ -67,6 +67,8 @@ pub fn compute(
         allocated_percent: (!outcome.governed.is_empty())
             .then(|| format!("{}%", usage.compute_percent)),
         unmet_claims: Vec::new(),
+        gpus_by_strategy: Vec::new(),
+        last_changes: Vec::new(),
     }
 }
 
@@ -327,6 +329,36 @@ pub fn unmet_claims(
                 claims,
             },
         )
+        .collect()
+}
+
+/// The `gpusByStrategy` of an Adaptive policy, from the pass's resolution.
+pub fn gpus_by_strategy(
+    policy: &PolicyView,
+    resolution: &crate::resolve::Resolution,
+) -> Vec<tessera_api::policy::StrategyGpus> {
+    if policy.spec.strategy != tessera_api::policy::SharingStrategy::Adaptive {
+        return Vec::new();
+    }
+    let mut counts: std::collections::BTreeMap<
+        &'static str,
+        (tessera_api::policy::SharingStrategy, u32),
+    > = std::collections::BTreeMap::new();
+    for spec in resolution.specs.values() {
+        for g in spec
+            .gpus
+            .iter()
+            .filter(|g| g.policy.as_deref() == Some(policy.name.as_str()))
+        {
+            counts
+                .entry(g.strategy.as_str())
+                .or_insert((g.strategy, 0))
+                .1 += 1;
+        }
+    }
+    counts
+        .into_values()
+        .map(|(strategy, gpus)| tessera_api::policy::StrategyGpus { strategy, gpus })
         .collect()
 }
 

@@ -59,6 +59,8 @@ const BACKOFF_START: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// API writes a pass has in flight at once.
 const WRITES_IN_FLIGHT: usize = 16;
+/// Moves an Adaptive policy's status lists.
+const LAST_CHANGES: usize = 10;
 /// Waiting pods told of one adaptive move, at most.
 const MOVE_EVENT_PODS: usize = 10;
 /// How often a pass runs without any event (it writes nothing unless something changed).
@@ -301,6 +303,8 @@ pub struct Operator {
     announced: BTreeSet<String>,
     /// When this process last moved each GPU (`node`, index) for demand: its cooldown.
     changed_at: BTreeMap<(String, u32), Instant>,
+    /// Each Adaptive policy's last moves, newest first.
+    last_changes: BTreeMap<String, Vec<tessera_api::policy::AdaptiveChange>>,
 }
 
 impl Operator {
@@ -316,6 +320,7 @@ impl Operator {
             dwell: Duration::from_secs(10),
             announced: BTreeSet::new(),
             changed_at: BTreeMap::new(),
+            last_changes: BTreeMap::new(),
         }
     }
 
@@ -514,6 +519,12 @@ impl Operator {
             let usage = usage::usage(&outcome.governed, &supply);
             let mut status = policy_status::compute(policy, outcome, &usage, previous.as_ref(), ts);
             status.unmet_claims = policy_status::unmet_claims(policy, &demand);
+            status.gpus_by_strategy = policy_status::gpus_by_strategy(policy, &resolution);
+            status.last_changes = self
+                .last_changes
+                .get(&policy.name)
+                .cloned()
+                .unwrap_or_default();
             let key = ("policy", policy.name.clone());
             let unchanged = previous
                 .as_ref()
@@ -555,6 +566,18 @@ impl Operator {
             self.changed_at
                 .insert((m.node.clone(), m.gpu), Instant::now());
             self.metrics.adaptive_change(m.from.as_str(), m.to.as_str());
+            let changes = self.last_changes.entry(m.policy.clone()).or_default();
+            changes.insert(
+                0,
+                tessera_api::policy::AdaptiveChange {
+                    gpu: format!("{}/{}", m.node, m.gpu),
+                    from: m.from,
+                    to: m.to,
+                    claims: m.claims,
+                    time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()),
+                },
+            );
+            changes.truncate(LAST_CHANGES);
             let note = format!(
                 "GPU {} of node {} switching from {} to {} for {} pending claim(s) (policy {})",
                 m.gpu,
