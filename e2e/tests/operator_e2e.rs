@@ -639,6 +639,34 @@ async fn a_static_layout_exists_before_any_claim_a_claim_gets_one_and_a_change_w
     wait_condition(&client, policy, "Ready", "True", "Governing").await;
 }
 
+/// Applies the policy `adaptive`: strategy Adaptive with dynamic MIG and `settings` (the
+/// `adaptive` block and any other spec lines, one per line).
+async fn apply_adaptive(client: &Client, settings: &str) {
+    let settings: String = settings.lines().map(|l| format!("  {l}\n")).collect();
+    apply_policy(
+        client,
+        &format!(
+            "apiVersion: tessera.dev/v1alpha1\nkind: GpuSharingPolicy\nmetadata: {{name: adaptive}}\nspec:\n  strategy: Adaptive\n  mig: {{mode: Dynamic}}\n{settings}"
+        ),
+    )
+    .await;
+}
+
+/// Starts a pod whose claim asks for a 1g.10gb MIG partition and waits until it runs.
+async fn run_mig_pod(client: &Client, name: &str) {
+    let small = cluster::GpuRequest {
+        class: "mig.tessera.dev",
+        selector: Some("device.attributes['gpu.tessera.dev'].profile == '1g.10gb'"),
+        capacity: None,
+    };
+    cluster::create_claim_pod(client, NS, name, small)
+        .await
+        .unwrap();
+    cluster::wait_pod_running(client, NS, name, WAIT)
+        .await
+        .unwrap();
+}
+
 /// (shape, devices, claims) of a policy's `unmetClaims`.
 async fn unmet(client: &Client, policy: &str) -> Vec<(String, u32, u32)> {
     let api: Api<GpuSharingPolicy> = Api::all(client.clone());
@@ -666,19 +694,7 @@ async fn an_adaptive_policy_reports_what_unschedulable_pods_wait_for_and_what_it
     .await
     .unwrap();
     let op = OperatorProcess::start(&cp, "op-0", false).await.unwrap();
-    apply_policy(
-        &client,
-        r"
-apiVersion: tessera.dev/v1alpha1
-kind: GpuSharingPolicy
-metadata: {name: adaptive}
-spec:
-  strategy: Adaptive
-  adaptive: {strategies: [MIG, MPS]}
-  mig: {mode: Dynamic}
-",
-    )
-    .await;
+    apply_adaptive(&client, "adaptive: {strategies: [MIG, MPS]}").await;
     wait_spec(
         &client,
         "h100-1",
@@ -686,17 +702,7 @@ spec:
     )
     .await;
     // The only GPU is in use, so no GPU can move for the demand below.
-    let small = cluster::GpuRequest {
-        class: "mig.tessera.dev",
-        selector: Some("device.attributes['gpu.tessera.dev'].profile == '1g.10gb'"),
-        capacity: None,
-    };
-    cluster::create_claim_pod(&client, NS, "busy", small)
-        .await
-        .unwrap();
-    cluster::wait_pod_running(&client, NS, "busy", WAIT)
-        .await
-        .unwrap();
+    run_mig_pod(&client, "busy").await;
 
     // The GPU offers MIG: an MPS share cannot be placed.
     let share = cluster::GpuRequest {
@@ -895,18 +901,9 @@ async fn waiting_mps_claims_move_an_idle_adaptive_gpu_to_mps_and_the_pods_run() 
     .await
     .unwrap();
     let op = OperatorProcess::start(&cp, "op-0", false).await.unwrap();
-    apply_policy(
+    apply_adaptive(
         &client,
-        r"
-apiVersion: tessera.dev/v1alpha1
-kind: GpuSharingPolicy
-metadata: {name: adaptive}
-spec:
-  strategy: Adaptive
-  adaptive: {strategies: [MIG, MPS]}
-  mig: {mode: Dynamic}
-  mps: {maxClients: 4}
-",
+        "adaptive: {strategies: [MIG, MPS]}\nmps: {maxClients: 4}",
     )
     .await;
     let both_mig = [
@@ -915,17 +912,7 @@ spec:
     ];
     wait_spec(&client, "h100-1", &both_mig).await;
     // One GPU holds a MIG partition.
-    let small = cluster::GpuRequest {
-        class: "mig.tessera.dev",
-        selector: Some("device.attributes['gpu.tessera.dev'].profile == '1g.10gb'"),
-        capacity: None,
-    };
-    cluster::create_claim_pod(&client, NS, "inference", small)
-        .await
-        .unwrap();
-    cluster::wait_pod_running(&client, NS, "inference", WAIT)
-        .await
-        .unwrap();
+    run_mig_pod(&client, "inference").await;
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
     let used_gpu = eventually("the MIG claim's device", WAIT, || async {
         claims
@@ -1030,19 +1017,7 @@ async fn mig_claims_move_an_idle_mps_gpu_and_the_cooldown_keeps_it_there() {
     .await
     .unwrap();
     let op = OperatorProcess::start(&cp, "op-0", false).await.unwrap();
-    apply_policy(
-        &client,
-        r"
-apiVersion: tessera.dev/v1alpha1
-kind: GpuSharingPolicy
-metadata: {name: adaptive}
-spec:
-  strategy: Adaptive
-  adaptive: {strategies: [MPS, MIG], cooldown: 1h}
-  mig: {mode: Dynamic}
-",
-    )
-    .await;
+    apply_adaptive(&client, "adaptive: {strategies: [MPS, MIG], cooldown: 1h}").await;
     wait_spec(
         &client,
         "h100-1",
@@ -1056,17 +1031,7 @@ spec:
     .unwrap();
 
     // A MIG claim waits: the idle MPS GPU becomes MIG and the pod runs.
-    let small = cluster::GpuRequest {
-        class: "mig.tessera.dev",
-        selector: Some("device.attributes['gpu.tessera.dev'].profile == '1g.10gb'"),
-        capacity: None,
-    };
-    cluster::create_claim_pod(&client, NS, "inference", small)
-        .await
-        .unwrap();
-    cluster::wait_pod_running(&client, NS, "inference", WAIT)
-        .await
-        .unwrap();
+    run_mig_pod(&client, "inference").await;
     let mig_now = [(0, SharingStrategy::Mig, Some("adaptive".to_string()))];
     assert_eq!(
         spec_of(&client, "h100-1").await,
