@@ -70,6 +70,12 @@ pub trait GpuBackend: Send + Sync {
     /// Sets the compute mode of `gpu`.
     fn set_compute_mode(&self, gpu: u32, mode: ComputeMode) -> Result<(), BackendError>;
 
+    /// Sets the time-slice length of a full GPU shared by time-slicing. Fails with
+    /// [`ErrorKind::InUse`] while an MPS daemon runs on the GPU, and with
+    /// [`ErrorKind::NotSupported`] while MIG is on or the compute mode is not `Default`:
+    /// time-slicing and MPS never share a GPU.
+    fn set_time_slice(&self, gpu: u32, slice: TimeSlice) -> Result<(), BackendError>;
+
     /// Subscribes to health events (XID faults, GPU lost). Each call returns a new
     /// receiver of a `tokio::sync::broadcast` channel: usable from async code with
     /// `.recv().await` and from threads with `.blocking_recv()`; a slow receiver sees

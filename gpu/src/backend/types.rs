@@ -132,6 +132,34 @@ pub enum ComputeMode {
     Prohibited,
 }
 
+/// Length of each process's turn on a time-sliced GPU, as
+/// `nvidia-smi compute-policy --set-timeslice` numbers them (0–3).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TimeSlice {
+    /// The driver's default.
+    #[default]
+    Default,
+    /// Short turns.
+    Short,
+    /// Medium turns.
+    Medium,
+    /// Long turns.
+    Long,
+}
+
+impl TimeSlice {
+    /// The level `nvidia-smi compute-policy --set-timeslice` takes.
+    pub fn level(self) -> u8 {
+        match self {
+            TimeSlice::Default => 0,
+            TimeSlice::Short => 1,
+            TimeSlice::Medium => 2,
+            TimeSlice::Long => 3,
+        }
+    }
+}
+
 /// How to run the MPS control daemon of a GPU.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -221,6 +249,8 @@ pub enum Operation {
     MpsState,
     /// Setting compute mode.
     SetComputeMode,
+    /// Setting the time-slice length.
+    SetTimeSlice,
     /// Saving simulated state.
     SaveState,
 }
@@ -280,6 +310,19 @@ pub enum ErrorKind {
     MpsControl {
         /// The command sent on its stdin.
         command: String,
+        /// How it exited.
+        status: ExitStatus,
+        /// What it printed on stderr, trimmed.
+        stderr: String,
+    },
+    /// `nvidia-smi` exited with an error.
+    #[error(
+        "nvidia-smi {args} failed ({status}){}",
+        if stderr.is_empty() { String::new() } else { format!(": {stderr}") }
+    )]
+    NvidiaSmi {
+        /// Its arguments.
+        args: String,
         /// How it exited.
         status: ExitStatus,
         /// What it printed on stderr, trimmed.

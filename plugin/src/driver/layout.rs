@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use tessera_api::{GpuNodeSpec, policy::SharingStrategy};
 use tessera_gpu::{
     Occupancy, Placement,
-    backend::{GpuInfo, MigInstance, MpsState},
+    backend::{ComputeMode, GpuInfo, MigInstance, MpsState, TimeSlice},
     catalog::MigLayout,
 };
 use tracing::{info, warn};
@@ -42,6 +42,8 @@ pub struct GpuWant {
     pub mig_mode: Option<bool>,
     /// Whether the GPU may be reset, while nothing uses it, to apply a MIG mode change.
     pub allow_reset: bool,
+    /// The time-slice length the GPU should have (`Default` unless it is time-sliced).
+    pub time_slice: TimeSlice,
 }
 
 /// What holding left undone on each GPU, for `GpuNode.status`.
@@ -62,40 +64,60 @@ pub fn wants(
     gpus.gpus
         .iter()
         .zip(offers)
-        .filter_map(|(info, offer)| {
-            let layout = gpus.layouts.get(&info.index)?;
-            let cfg = spec.and_then(|s| config_for(s, info));
-            let allow_reset = cfg.is_some_and(|c| c.allow_gpu_reset);
-            let needs_reset = !info.architecture.mig_toggle_without_reset();
-            let want = match offer {
-                GpuOffer::StaticMig { placements } => GpuWant {
-                    layout: placements
-                        .iter()
-                        .filter(|(id, _)| layout.profile(*id).is_some())
-                        .map(|(profile_id, start)| Placement {
-                            profile_id: *profile_id,
-                            start: *start,
-                        })
-                        .collect(),
-                    mig_mode: Some(true),
-                    allow_reset,
-                },
-                // Hopper and newer switch at prepare time; and only a configuration the
-                // operator resolved switches an A100: the plugin's own default leaves the
-                // GPU as the admin set it up.
-                _ if !needs_reset => GpuWant::default(),
-                _ => match cfg {
-                    Some(c) => GpuWant {
-                        mig_mode: Some(c.strategy == SharingStrategy::Mig),
-                        allow_reset,
-                        ..GpuWant::default()
-                    },
-                    None => GpuWant::default(),
-                },
+        .map(|(info, offer)| {
+            let time_slice = match offer {
+                GpuOffer::TimeSlicing { interval, .. } => *interval,
+                _ => TimeSlice::Default,
             };
-            Some((info.index, want))
+            let want = GpuWant {
+                time_slice,
+                ..mig_want(gpus, info, offer, spec)
+            };
+            (info.index, want)
         })
         .collect()
+}
+
+/// The MIG part of a GPU's want.
+fn mig_want(
+    gpus: &NodeGpus,
+    info: &GpuInfo,
+    offer: &GpuOffer,
+    spec: Option<&GpuNodeSpec>,
+) -> GpuWant {
+    let Some(layout) = gpus.layouts.get(&info.index) else {
+        return GpuWant::default();
+    };
+    let cfg = spec.and_then(|s| config_for(s, info));
+    let allow_reset = cfg.is_some_and(|c| c.allow_gpu_reset);
+    let needs_reset = !info.architecture.mig_toggle_without_reset();
+    match offer {
+        GpuOffer::StaticMig { placements } => GpuWant {
+            layout: placements
+                .iter()
+                .filter(|(id, _)| layout.profile(*id).is_some())
+                .map(|(profile_id, start)| Placement {
+                    profile_id: *profile_id,
+                    start: *start,
+                })
+                .collect(),
+            mig_mode: Some(true),
+            allow_reset,
+            ..GpuWant::default()
+        },
+        // Hopper and newer switch at prepare time; and only a configuration the operator
+        // resolved switches an A100: the plugin's own default leaves the GPU as the admin
+        // set it up.
+        _ if !needs_reset => GpuWant::default(),
+        _ => match cfg {
+            Some(c) => GpuWant {
+                mig_mode: Some(c.strategy == SharingStrategy::Mig),
+                allow_reset,
+                ..GpuWant::default()
+            },
+            None => GpuWant::default(),
+        },
+    }
 }
 
 /// The node loop's handle on [`Driver::hold`]: the one hardware change it may ask for.
@@ -121,9 +143,16 @@ impl Driver {
     /// what it should hold. A GPU that fails is reported; the others carry on.
     async fn hold(&self, wants: &BTreeMap<u32, GpuWant>) -> HoldReport {
         let held: BTreeSet<u32> = self.claims.lock().await.layouts.keys().copied().collect();
+        let slices = self.time_slices_set();
         let gpus: BTreeSet<u32> = wants
             .iter()
-            .filter(|(_, w)| **w != GpuWant::default())
+            .filter(|(g, w)| {
+                let mig = GpuWant {
+                    time_slice: TimeSlice::Default,
+                    ..(*w).clone()
+                };
+                mig != GpuWant::default() || slice_to_set(slices.get(g), w.time_slice)
+            })
             .map(|(g, _)| *g)
             .chain(held)
             .collect();
@@ -149,8 +178,38 @@ impl Driver {
         report
     }
 
+    /// What this process set each GPU's time-slice to.
+    fn time_slices_set(&self) -> BTreeMap<u32, TimeSlice> {
+        self.time_slices
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Gives a GPU the time-slice length it should have, in compute mode `Default` when
+    /// time-sliced; the caller holds its lock.
+    async fn set_time_slice(&self, gpu: u32, slice: TimeSlice) -> Result<(), ClaimError> {
+        if !slice_to_set(self.time_slices_set().get(&gpu), slice) {
+            return Ok(());
+        }
+        self.on_hardware(move |b| {
+            if slice != TimeSlice::Default {
+                b.set_compute_mode(gpu, ComputeMode::Default)?;
+            }
+            b.set_time_slice(gpu, slice)
+        })
+        .await?;
+        info!(gpu, ?slice, "set the GPU's time-slice length");
+        self.time_slices
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(gpu, slice);
+        Ok(())
+    }
+
     /// One GPU; the caller holds its lock.
     async fn hold_gpu(&self, gpu: u32, want: &GpuWant) -> Result<Step, ClaimError> {
+        self.set_time_slice(gpu, want.time_slice).await?;
         let (Some(info), Some(geometry)) = (self.gpus().gpu(gpu), self.gpus().layouts.get(&gpu))
         else {
             return Ok(Step::Done);
@@ -412,6 +471,16 @@ impl Driver {
             cp.layouts.insert(gpu, held.clone());
         }
         Ok(())
+    }
+}
+
+/// Whether a GPU whose time-slice this process last set to `set` (`None`: never) must be
+/// given `want`. A GPU never set is taken to have the driver's default, so only a
+/// time-sliced GPU is touched after a restart.
+fn slice_to_set(set: Option<&TimeSlice>, want: TimeSlice) -> bool {
+    match set {
+        Some(s) => *s != want,
+        None => want != TimeSlice::Default,
     }
 }
 

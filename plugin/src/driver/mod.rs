@@ -220,6 +220,8 @@ pub struct Driver {
     metrics: Arc<Metrics>,
     /// Writes `ResourceClaim.status.devices` in the background.
     status_writer: claim_status::ClaimStatusWriter,
+    /// The time-slice length this process set on each GPU.
+    time_slices: std::sync::Mutex<BTreeMap<u32, tessera_gpu::backend::TimeSlice>>,
 }
 
 pub use claim_status::STATUS_WRITES_IN_FLIGHT;
@@ -292,6 +294,7 @@ impl Driver {
             claim_locks: std::sync::Mutex::new(HashMap::new()),
             metrics: cfg.metrics,
             status_writer,
+            time_slices: std::sync::Mutex::new(BTreeMap::new()),
         }))
     }
 

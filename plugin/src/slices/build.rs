@@ -201,7 +201,7 @@ fn gpu_devices(
                 *default_memory_mib,
             )],
         ),
-        (GpuOffer::TimeSlicing { max_clients }, _) => {
+        (GpuOffer::TimeSlicing { max_clients, .. }, _) => {
             (None, vec![timeslice_device(info, &base, *max_clients)])
         }
         _ => (None, vec![whole_gpu(info, &base)]),

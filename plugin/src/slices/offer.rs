@@ -3,9 +3,12 @@
 
 use tessera_api::{
     gpunode::{GpuConfig, GpuNodeSpec},
-    policy::{MigMode, SharingStrategy},
+    policy::{MigMode, SharingStrategy, TimeSliceInterval},
 };
-use tessera_gpu::{backend::GpuInfo, catalog::MigLayout};
+use tessera_gpu::{
+    backend::{GpuInfo, TimeSlice},
+    catalog::MigLayout,
+};
 
 use crate::config::DefaultStrategy;
 
@@ -36,6 +39,8 @@ pub enum GpuOffer {
     TimeSlicing {
         /// Most clients.
         max_clients: u32,
+        /// Each client's turn on the GPU.
+        interval: TimeSlice,
     },
     /// The whole GPU to one claim.
     Exclusive,
@@ -180,6 +185,12 @@ fn from_config(
                 .and_then(|v| u32::try_from(v).ok())
                 .unwrap_or(4)
                 .max(1),
+            interval: match cfg.time_slicing.as_ref().map(|t| t.interval) {
+                None | Some(TimeSliceInterval::Default) => TimeSlice::Default,
+                Some(TimeSliceInterval::Short) => TimeSlice::Short,
+                Some(TimeSliceInterval::Medium) => TimeSlice::Medium,
+                Some(TimeSliceInterval::Long) => TimeSlice::Long,
+            },
         },
         SharingStrategy::Exclusive | SharingStrategy::Adaptive => GpuOffer::Exclusive,
     }

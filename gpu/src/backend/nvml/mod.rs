@@ -31,7 +31,7 @@ use tokio::sync::broadcast;
 
 use super::{
     BackendError, ComputeInstance, ComputeMode, ErrorKind, GpuBackend, GpuInfo, HealthEvent,
-    MigInstance, MigModeChange, MpsDaemonConfig, MpsState, Operation,
+    MigInstance, MigModeChange, MpsDaemonConfig, MpsState, Operation, TimeSlice,
 };
 use crate::catalog::{Architecture, Engines, MigLayout, MigProfile, StartSet, find_model};
 
@@ -458,6 +458,27 @@ impl GpuBackend for NvmlBackend {
                 ComputeMode::Prohibited => NvmlComputeMode::Prohibited,
             };
             dev.set_compute_mode(m).map_err(|e| err(map_nvml(e)))
+        }
+    }
+
+    fn set_time_slice(&self, gpu: u32, slice: TimeSlice) -> Result<(), BackendError> {
+        let _g = self.guard();
+        // NVML has no public call for it: `nvidia-smi compute-policy` is what NVIDIA's own
+        // DRA driver runs too.
+        let args = format!("compute-policy -i {gpu} --set-timeslice={}", slice.level());
+        let err = |k| BackendError::new(gpu, Operation::SetTimeSlice, k);
+        let out = std::process::Command::new("nvidia-smi")
+            .args(args.split(' '))
+            .output()
+            .map_err(|e| err(ErrorKind::io(format!("running nvidia-smi {args}"), e)))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(err(ErrorKind::NvidiaSmi {
+                args,
+                status: out.status,
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            }))
         }
     }
 

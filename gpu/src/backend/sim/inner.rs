@@ -73,6 +73,7 @@ pub(super) fn state_from_inventory(inv: &Inventory) -> Result<SimState, BackendE
             mig_pending: g.mig_enabled,
             resettable: g.resettable,
             compute_mode: ComputeMode::Default,
+            time_slice: crate::backend::TimeSlice::Default,
             mps: None,
             instances: Vec::new(),
             lost: false,

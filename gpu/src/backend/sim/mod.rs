@@ -41,7 +41,7 @@ use self::{
 };
 use super::{
     BackendError, ComputeMode, ErrorKind, GpuBackend, GpuInfo, HealthEvent, MigInstance,
-    MigModeChange, MpsDaemonConfig, MpsState, Operation,
+    MigModeChange, MpsDaemonConfig, MpsState, Operation, TimeSlice,
 };
 use crate::catalog::MigLayout;
 
@@ -325,6 +325,12 @@ impl GpuBackend for SimBackend {
     fn set_compute_mode(&self, gpu: u32, mode: ComputeMode) -> Result<(), BackendError> {
         self.run(Operation::SetComputeMode, Some(gpu), |inner| {
             mps::set_compute_mode(inner, gpu, mode)
+        })
+    }
+
+    fn set_time_slice(&self, gpu: u32, slice: TimeSlice) -> Result<(), BackendError> {
+        self.run(Operation::SetTimeSlice, Some(gpu), |inner| {
+            mps::set_time_slice(inner, gpu, slice)
         })
     }
 

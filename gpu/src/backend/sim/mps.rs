@@ -2,7 +2,7 @@
 //! of [`GpuBackend`](crate::backend::GpuBackend), run under the lock by `SimBackend::run`.
 
 use super::{SimMps, inner::Inner};
-use crate::backend::{ComputeMode, ErrorKind, MpsDaemonConfig, MpsState};
+use crate::backend::{ComputeMode, ErrorKind, MpsDaemonConfig, MpsState, TimeSlice};
 
 /// Starts the MPS control daemon; a no-op when it already runs with the same configuration.
 pub(super) fn start_mps(
@@ -12,6 +12,11 @@ pub(super) fn start_mps(
 ) -> Result<MpsState, ErrorKind> {
     let pid = inner.state.next_pid;
     let g = inner.gpu_mut(gpu)?;
+    if g.time_slice != TimeSlice::Default {
+        return Err(ErrorKind::InUse(
+            "the GPU is shared by time-slicing; MPS and time-slicing cannot share a GPU".into(),
+        ));
+    }
     match &g.mps {
         Some(m) if m.config == *config => {
             return Ok(MpsState::Running {
@@ -55,6 +60,36 @@ pub(super) fn mps_state(inner: &Inner, gpu: u32) -> Result<MpsState, ErrorKind> 
 }
 
 /// Sets the GPU's compute mode.
+/// Sets the time-slice length, on a full GPU that no MPS daemon shares.
+pub(super) fn set_time_slice(
+    inner: &mut Inner,
+    gpu: u32,
+    slice: TimeSlice,
+) -> Result<(), ErrorKind> {
+    let g = inner.gpu_mut(gpu)?;
+    if slice != TimeSlice::Default {
+        if g.mps.is_some() {
+            return Err(ErrorKind::InUse(
+                "the MPS control daemon runs on this GPU; MPS and time-slicing cannot share a GPU"
+                    .into(),
+            ));
+        }
+        if g.mig_enabled {
+            return Err(ErrorKind::NotSupported(
+                "time-slicing applies to full GPUs; MIG mode is on".into(),
+            ));
+        }
+        if g.compute_mode != ComputeMode::Default {
+            return Err(ErrorKind::NotSupported(format!(
+                "time-slicing needs compute mode Default, the GPU is in {:?}",
+                g.compute_mode
+            )));
+        }
+    }
+    g.time_slice = slice;
+    Ok(())
+}
+
 pub(super) fn set_compute_mode(
     inner: &mut Inner,
     gpu: u32,

@@ -9,7 +9,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{ComputeMode, MpsDaemonConfig};
+use crate::backend::{ComputeMode, MpsDaemonConfig, TimeSlice};
 
 /// Format version of the state file.
 pub const STATE_VERSION: u32 = 1;
@@ -46,6 +46,9 @@ pub struct SimGpu {
     pub resettable: bool,
     /// Compute mode.
     pub compute_mode: ComputeMode,
+    /// Time-slice length.
+    #[serde(default)]
+    pub time_slice: TimeSlice,
     /// Running MPS daemon.
     pub mps: Option<SimMps>,
     /// GPU instances.

@@ -462,3 +462,29 @@ fn mig_capability_files_follow_the_instances_as_the_driver_publishes_them() {
     s.destroy_mig_device(0, gi).unwrap();
     assert!(!caps.join(format!("gpu0/mig/gi{gi}")).exists());
 }
+
+#[test]
+fn time_slicing_and_mps_never_share_a_gpu_and_time_slicing_takes_only_full_gpus() {
+    let s = sim("gpus: [{model: l4}, {model: h100-80gb, migEnabled: true}]");
+    let mps = MpsDaemonConfig::default();
+    s.set_time_slice(0, TimeSlice::Long).unwrap();
+    assert_eq!(s.state().gpus[0].time_slice, TimeSlice::Long);
+    let err = s.start_mps(0, &mps).unwrap_err();
+    assert!(matches!(err.kind, ErrorKind::InUse(_)), "{err}");
+    // Back to the default: MPS may run, and then time-slicing may not.
+    s.set_time_slice(0, TimeSlice::Default).unwrap();
+    s.set_compute_mode(0, ComputeMode::ExclusiveProcess)
+        .unwrap();
+    s.start_mps(0, &mps).unwrap();
+    let err = s.set_time_slice(0, TimeSlice::Short).unwrap_err();
+    assert!(matches!(err.kind, ErrorKind::InUse(_)), "{err}");
+    assert_eq!(err.operation, Operation::SetTimeSlice);
+    s.stop_mps(0).unwrap();
+    // Exclusive-process mode is MPS's, not time-slicing's.
+    let err = s.set_time_slice(0, TimeSlice::Short).unwrap_err();
+    assert!(matches!(err.kind, ErrorKind::NotSupported(_)), "{err}");
+    // A GPU in MIG mode is not a full GPU.
+    let err = s.set_time_slice(1, TimeSlice::Medium).unwrap_err();
+    assert!(matches!(err.kind, ErrorKind::NotSupported(_)), "{err}");
+    assert_eq!(TimeSlice::Long.level(), 3);
+}

@@ -27,6 +27,7 @@ fn layout(gpu: u32, placements: Vec<Placement>, allow_reset: bool) -> BTreeMap<u
             layout: placements,
             mig_mode: Some(true),
             allow_reset,
+            ..GpuWant::default()
         },
     )]
     .into()
@@ -397,7 +398,57 @@ fn what_each_gpu_holds_ahead_of_claims_follows_its_offer_and_spec_entry() {
             (1, 0, Some(true), true),
             (2, 0, Some(false), false),
             (3, 0, None, false),
+            (4, 0, None, false),
         ],
         "the L4 has no MIG and no entry"
     );
+}
+
+#[tokio::test]
+async fn a_time_sliced_gpu_gets_its_slice_and_gives_it_back_when_it_leaves_time_slicing() {
+    use tessera_gpu::backend::{ComputeMode, TimeSlice};
+    let node = TestNode::with(vec![inventory_gpu("l4", 0, false)]);
+    node.sim
+        .set_compute_mode(0, ComputeMode::ExclusiveProcess)
+        .unwrap();
+    let driver = node.driver();
+    let want = |time_slice| {
+        BTreeMap::from([(
+            0,
+            GpuWant {
+                time_slice,
+                ..GpuWant::default()
+            },
+        )])
+    };
+
+    assert_eq!(
+        driver.keeper().hold(&want(TimeSlice::Long)).await,
+        HoldReport::default()
+    );
+    let g = &node.sim.state().gpus[0];
+    assert_eq!(
+        (g.time_slice, g.compute_mode),
+        (TimeSlice::Long, ComputeMode::Default)
+    );
+
+    // Leaving time-slicing gives the GPU the default back, so MPS may run on it.
+    assert_eq!(
+        driver.keeper().hold(&want(TimeSlice::Default)).await,
+        HoldReport::default()
+    );
+    assert_eq!(node.sim.state().gpus[0].time_slice, TimeSlice::Default);
+    node.sim
+        .set_compute_mode(0, ComputeMode::ExclusiveProcess)
+        .unwrap();
+    node.sim
+        .start_mps(0, &tessera_gpu::backend::MpsDaemonConfig::default())
+        .unwrap();
+    // A GPU that is not time-sliced is not touched, even by a restarted plugin.
+    let driver = node.driver();
+    assert_eq!(
+        driver.keeper().hold(&want(TimeSlice::Default)).await,
+        HoldReport::default()
+    );
+    assert!(node.sim.state().gpus[0].mps.is_some());
 }

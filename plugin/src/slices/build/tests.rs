@@ -387,7 +387,10 @@ fn devices_stay_within_the_attribute_limits() {
         ..dynamic_h100(1)
     };
     let ts = Gpu {
-        offer: GpuOffer::TimeSlicing { max_clients: 4 },
+        offer: GpuOffer::TimeSlicing {
+            max_clients: 4,
+            interval: tessera_gpu::backend::TimeSlice::Default,
+        },
         ..dynamic_h100(2)
     };
     let pool = build(&[long_name, mps, ts, exclusive_l4(3)]);
@@ -731,7 +734,10 @@ fn the_mps_memory_default_is_clamped_into_the_range() {
 
 #[test]
 fn a_time_sliced_gpu_offers_one_device_with_client_capacity() {
-    let pool = build(&[h100_offering(GpuOffer::TimeSlicing { max_clients: 4 })]);
+    let pool = build(&[h100_offering(GpuOffer::TimeSlicing {
+        max_clients: 4,
+        interval: tessera_gpu::backend::TimeSlice::Default,
+    })]);
     assert!(pool.counter_slices.is_empty());
     let devices = only_slice(&pool);
     assert_eq!(devices.len(), 1);

@@ -265,8 +265,14 @@ fn time_slicing_defaults_to_four_clients_and_honours_max_clients() {
     assert_eq!(
         offers,
         [
-            GpuOffer::TimeSlicing { max_clients: 4 },
-            GpuOffer::TimeSlicing { max_clients: 10 }
+            GpuOffer::TimeSlicing {
+                max_clients: 4,
+                interval: tessera_gpu::backend::TimeSlice::Default
+            },
+            GpuOffer::TimeSlicing {
+                max_clients: 10,
+                interval: tessera_gpu::backend::TimeSlice::Default
+            }
         ]
     );
 }
