@@ -9,6 +9,7 @@
 //! bad object must fail lives in the CRD itself (CEL rules, see [`policy`]), so the API server
 //! rejects it before anything is stored.
 
+pub mod claims;
 pub mod conditions;
 pub mod constants;
 pub mod crds;

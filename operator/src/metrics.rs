@@ -195,22 +195,19 @@ impl Metrics {
 
     /// Sets the governed-GPU gauges; pairs that disappeared go to zero.
     pub fn set_gpus(&self, counts: &BTreeMap<(String, String), i64>) {
-        let mut known = self
-            .gpu_labels
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for l in known.iter() {
-            self.gpus.get_or_create(l).set(0);
-        }
-        known.clear();
-        for ((policy, strategy), n) in counts {
-            let l = GpuLabels {
-                policy: policy.clone(),
-                strategy: strategy.clone(),
-            };
-            self.gpus.get_or_create(&l).set(*n);
-            known.push(l);
-        }
+        set_all(
+            &self.gpus,
+            &self.gpu_labels,
+            counts.iter().map(|((policy, strategy), n)| {
+                (
+                    GpuLabels {
+                        policy: policy.clone(),
+                        strategy: strategy.clone(),
+                    },
+                    *n,
+                )
+            }),
+        );
     }
 
     /// Counts one adaptive move.
@@ -222,21 +219,21 @@ impl Metrics {
 
     /// Sets the demand gauges; shapes no longer asked for go to zero.
     pub fn set_unmet(&self, demand: &crate::demand::Demand) {
-        let mut known = self
-            .unmet_labels
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for l in known.iter() {
-            self.unmet.get_or_create(l).set(0);
-        }
-        known.clear();
-        for (shape, (devices, _)) in demand.by_shape(|_| true) {
-            let l = ShapeLabel {
-                shape: shape.to_string(),
-            };
-            self.unmet.get_or_create(&l).set(i64::from(devices));
-            known.push(l);
-        }
+        set_all(
+            &self.unmet,
+            &self.unmet_labels,
+            demand
+                .by_shape(|_| true)
+                .into_iter()
+                .map(|(shape, (devices, _))| {
+                    (
+                        ShapeLabel {
+                            shape: shape.to_string(),
+                        },
+                        i64::from(devices),
+                    )
+                }),
+        );
         self.unmodelled
             .set(i64::try_from(demand.unmodelled.len()).unwrap_or(i64::MAX));
     }
@@ -248,6 +245,28 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+/// Sets a gauge family to exactly `values`: label sets of the last call that are gone go
+/// to zero (a series that vanished would otherwise keep its last value).
+fn set_all<L>(
+    family: &Family<L, Gauge>,
+    known: &Mutex<Vec<L>>,
+    values: impl Iterator<Item = (L, i64)>,
+) where
+    L: Clone + std::hash::Hash + Eq + EncodeLabelSet + std::fmt::Debug,
+{
+    let mut known = known
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for l in known.iter() {
+        family.get_or_create(l).set(0);
+    }
+    known.clear();
+    for (l, v) in values {
+        family.get_or_create(&l).set(v);
+        known.push(l);
     }
 }
 

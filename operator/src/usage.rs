@@ -116,15 +116,8 @@ impl Supply {
             }
         }
         for c in claims {
-            let results = c
-                .status
-                .as_ref()
-                .and_then(|s| s.allocation.as_ref())
-                .and_then(|a| a.devices.as_ref())
-                .and_then(|d| d.results.as_ref());
-            for r in results
-                .into_iter()
-                .flatten()
+            for r in tessera_api::claims::allocated_devices(c)
+                .iter()
                 .filter(|r| r.driver == DRIVER_NAME)
             {
                 let Ok(name) = tessera_gpu::naming::parse_device_name(&r.device) else {

@@ -437,13 +437,7 @@ impl NodeLoop {
     async fn users(&self) -> BTreeMap<u32, Vec<String>> {
         let mut users: BTreeMap<u32, BTreeSet<String>> = BTreeMap::new();
         for c in self.claims.state() {
-            let results = c
-                .status
-                .as_ref()
-                .and_then(|s| s.allocation.as_ref())
-                .and_then(|a| a.devices.as_ref())
-                .and_then(|d| d.results.as_ref());
-            for r in results.into_iter().flatten() {
+            for r in tessera_api::claims::allocated_devices(&c) {
                 if r.driver != self.state.driver_name() || r.pool != self.state.node() {
                     continue;
                 }

@@ -95,18 +95,11 @@ impl Driver {
     /// The devices to make for our driver's results of the claim, without touching
     /// hardware. Every result must name one of this node's devices.
     pub(super) fn plan(&self, claim: &ResourceClaim) -> Result<Vec<DeviceRecord>, ClaimError> {
-        let results: Vec<&DeviceRequestAllocationResult> = claim
-            .status
-            .as_ref()
-            .and_then(|s| s.allocation.as_ref())
-            .and_then(|a| a.devices.as_ref())
-            .and_then(|d| d.results.as_ref())
-            .map(|r| {
-                r.iter()
-                    .filter(|r| r.driver == self.state.driver_name())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let results: Vec<&DeviceRequestAllocationResult> =
+            tessera_api::claims::allocated_devices(claim)
+                .iter()
+                .filter(|r| r.driver == self.state.driver_name())
+                .collect();
         if results.is_empty() {
             return Err(ClaimError::NoDevices {
                 claim: format!(

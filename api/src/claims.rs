@@ -1,0 +1,14 @@
+//! Reading what the scheduler wrote into a ResourceClaim.
+
+use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
+
+/// The claim's allocated devices, of every driver (none while it is unallocated).
+pub fn allocated_devices(claim: &ResourceClaim) -> &[DeviceRequestAllocationResult] {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_deref())
+        .unwrap_or_default()
+}
