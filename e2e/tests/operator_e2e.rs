@@ -1080,3 +1080,72 @@ async fn mig_claims_move_an_idle_mps_gpu_and_the_cooldown_keeps_it_there() {
         "within the cooldown the GPU keeps its shape"
     );
 }
+
+#[tokio::test]
+async fn an_operator_restarted_mid_change_leaves_no_gpu_fenced_or_half_changed() {
+    let (cp, client) = setup().await;
+    let _node = SimNode::start(
+        &cp,
+        "h100-1",
+        "gpus: [{model: h100-80gb}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    let mut op = OperatorProcess::start(&cp, "op-0", false).await.unwrap();
+    apply_adaptive(&client, "adaptive: {strategies: [MIG, MPS]}").await;
+    wait_spec(
+        &client,
+        "h100-1",
+        &[(0, SharingStrategy::Mig, Some("adaptive"))],
+    )
+    .await;
+    eventually("MIG to be offered", WAIT, || async {
+        device_names(&client, "h100-1")
+            .await
+            .iter()
+            .any(|d| d.contains("-mig-"))
+            .then_some(())
+    })
+    .await
+    .unwrap();
+
+    // An MPS claim waits; the operator moves the GPU and dies right after its write,
+    // while the plugin's hand-over is still under way.
+    let share = cluster::GpuRequest {
+        class: "mps.tessera.dev",
+        selector: None,
+        capacity: Some(json!({"computePercent": "25", "memory": "4Gi"})),
+    };
+    cluster::create_claim_pod(&client, NS, "share", share)
+        .await
+        .unwrap();
+    wait_spec(
+        &client,
+        "h100-1",
+        &[(0, SharingStrategy::Mps, Some("adaptive"))],
+    )
+    .await;
+    op.kill();
+    op.restart().await.unwrap();
+
+    // The change completes, nothing stays fenced, the pod runs, and the new process makes
+    // no move of its own (the choice lives in the spec).
+    cluster::wait_pod_running(&client, NS, "share", WAIT)
+        .await
+        .unwrap();
+    assert_eq!(
+        device_taints(&client, "h100-1").await,
+        [("gpu-0-mps".to_string(), vec![])]
+    );
+    assert_eq!(
+        spec_of(&client, "h100-1").await,
+        [(0, SharingStrategy::Mps, Some("adaptive".to_string()))]
+    );
+    assert_eq!(
+        op.metric("tessera_operator_adaptive_changes_total{from=\"MIG\",to=\"MPS\"}")
+            .await
+            .unwrap_or(0.0),
+        0.0,
+        "the restarted operator moved nothing"
+    );
+}
