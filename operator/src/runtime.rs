@@ -394,6 +394,9 @@ impl Operator {
     /// without an event (a pod's dwell ending), if it does.
     pub async fn pass(&mut self) -> Result<Option<Duration>, Error> {
         let demand = self.caches.demand(self.dwell);
+        // The gauges first: whoever reads an event or a status this pass writes finds
+        // them already saying the same.
+        self.metrics.set_unmet(&demand);
         self.announce_unmodelled(&demand).await;
         let supply = self.caches.supply();
         let mut snapshot = self.caches.snapshot(&self.waiting, &supply);
@@ -549,7 +552,6 @@ impl Operator {
             }
         }
         self.record_gauges(&resolution);
-        self.metrics.set_unmet(&demand);
         first_error.map_or(Ok(demand.recheck_in), Err)
     }
 
