@@ -405,6 +405,15 @@ pub struct AdaptiveChange {
     pub claims: u32,
     /// When.
     pub time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+    /// How it ended: `Applied` (the plugin runs the GPU as `to`), `HeldBack` (a claim
+    /// was allocated on the old shape while the change was on its way, and the GPU
+    /// keeps it), `Superseded` (the configuration changed again first) or `TimedOut`;
+    /// absent while it is on its way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
+    /// Seconds from the decision to `Applied`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<f64>,
 }
 
 /// Claims that wait for one device shape.

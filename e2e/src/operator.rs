@@ -22,6 +22,7 @@ pub struct OperatorProcess {
     dir: tempfile::TempDir,
     metrics_port: u16,
     leader_elect: bool,
+    args: Vec<String>,
     process: Option<Child>,
     /// Its identity in the Lease.
     pub identity: String,
@@ -34,6 +35,23 @@ impl OperatorProcess {
         cp: &ControlPlane,
         identity: &str,
         leader_elect: bool,
+    ) -> anyhow::Result<Self> {
+        // Short, so a test sees waiting claims batched, and quickly.
+        Self::start_with(
+            cp,
+            identity,
+            leader_elect,
+            &["--adaptive-batch-window-seconds", "1"],
+        )
+        .await
+    }
+
+    /// [`Self::start`] with `args` after the test bed's own.
+    pub async fn start_with(
+        cp: &ControlPlane,
+        identity: &str,
+        leader_elect: bool,
+        args: &[&str],
     ) -> anyhow::Result<Self> {
         let admin = cp.admin_client().await?;
         cluster::apply_dir(&admin, &repo_root().join("config/rbac"), false).await?;
@@ -54,6 +72,7 @@ impl OperatorProcess {
             dir,
             metrics_port,
             leader_elect,
+            args: args.iter().map(ToString::to_string).collect(),
             process: None,
             identity: identity.to_string(),
         };
@@ -82,6 +101,7 @@ impl OperatorProcess {
             .args(["--leader-election-lease-seconds", "6"])
             // Short, so a test sees unschedulable pods count as demand quickly.
             .args(["--demand-dwell-seconds", "2"])
+            .args(&self.args)
             .env("RUST_LOG", "info,tessera_operator=debug")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)

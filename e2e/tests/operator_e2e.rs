@@ -954,11 +954,29 @@ async fn waiting_mps_claims_move_an_idle_adaptive_gpu_to_mps_and_the_pods_run() 
     ];
     want.sort_by_key(|w| w.0);
     assert_eq!(spec_of(&client, "h100-1").await, want);
+    let applied =
+        "tessera_operator_adaptive_changes_total{from=\"MIG\",to=\"MPS\",result=\"applied\"}";
+    eventually("the move to count as applied", WAIT, || async {
+        op.metric(applied).await.filter(|v| *v > 0.0)
+    })
+    .await
+    .unwrap();
     assert_eq!(
-        op.metric("tessera_operator_adaptive_changes_total{from=\"MIG\",to=\"MPS\"}")
-            .await,
+        op.metric(applied).await,
         Some(1.0),
         "one move for both claims"
+    );
+    assert_eq!(
+        op.metric("tessera_operator_adaptive_changes_in_flight")
+            .await,
+        Some(0.0)
+    );
+    assert_eq!(
+        op.metric(
+            "tessera_operator_adaptive_change_duration_seconds_count{from=\"MIG\",to=\"MPS\"}"
+        )
+        .await,
+        Some(1.0)
     );
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), NS);
     let told: std::collections::BTreeSet<String> = events
@@ -981,7 +999,12 @@ async fn waiting_mps_claims_move_an_idle_adaptive_gpu_to_mps_and_the_pods_run() 
     .unwrap();
     // `kubectl describe gsp` tells the story.
     let policies: Api<GpuSharingPolicy> = Api::all(client.clone());
-    let status = policies.get("adaptive").await.unwrap().status.unwrap();
+    let status = eventually("the move's result in the status", WAIT, || async {
+        let s = policies.get("adaptive").await.ok()?.status?;
+        s.last_changes.first()?.result.is_some().then_some(s)
+    })
+    .await
+    .unwrap();
     let by_strategy: Vec<(SharingStrategy, u32)> = status
         .gpus_by_strategy
         .iter()
@@ -991,19 +1014,21 @@ async fn waiting_mps_claims_move_an_idle_adaptive_gpu_to_mps_and_the_pods_run() 
         by_strategy,
         [(SharingStrategy::Mig, 1), (SharingStrategy::Mps, 1)]
     );
-    let last: Vec<(String, SharingStrategy, SharingStrategy)> = status
+    let last: Vec<(String, SharingStrategy, SharingStrategy, Option<&str>)> = status
         .last_changes
         .iter()
-        .map(|c| (c.gpu.clone(), c.from, c.to))
+        .map(|c| (c.gpu.clone(), c.from, c.to, c.result.as_deref()))
         .collect();
     assert_eq!(
         last,
         [(
             format!("h100-1/{idle_gpu}"),
             SharingStrategy::Mig,
-            SharingStrategy::Mps
+            SharingStrategy::Mps,
+            Some("Applied")
         )]
     );
+    assert!(status.last_changes[0].seconds.is_some());
 }
 
 #[tokio::test]
@@ -1142,10 +1167,245 @@ async fn an_operator_restarted_mid_change_leaves_no_gpu_fenced_or_half_changed()
         [(0, SharingStrategy::Mps, Some("adaptive".to_string()))]
     );
     assert_eq!(
-        op.metric("tessera_operator_adaptive_changes_total{from=\"MIG\",to=\"MPS\"}")
-            .await
-            .unwrap_or(0.0),
-        0.0,
+        op.metric("tessera_operator_adaptive_changes_in_flight")
+            .await,
+        Some(0.0),
         "the restarted operator moved nothing"
+    );
+    let (_, body) = op.http_get("/metrics").await.unwrap();
+    assert!(
+        !body.contains("tessera_operator_adaptive_changes_total{"),
+        "the restarted operator moved nothing:\n{body}"
+    );
+}
+
+#[tokio::test]
+async fn an_adaptive_move_a_claim_races_is_held_back_and_another_idle_gpu_takes_the_demand() {
+    let (cp, client) = setup().await;
+    let _node = SimNode::start(
+        &cp,
+        "h100-1",
+        "gpus: [{model: h100-80gb}, {model: h100-80gb}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    let op = OperatorProcess::start(&cp, "op-0", false).await.unwrap();
+    apply_adaptive(&client, "adaptive: {strategies: [MIG, MPS]}").await;
+    let both_mig = [
+        (0, SharingStrategy::Mig, Some("adaptive")),
+        (1, SharingStrategy::Mig, Some("adaptive")),
+    ];
+    wait_spec(&client, "h100-1", &both_mig).await;
+
+    // An MPS claim waits: the planner moves GPU 0, whose MIG devices are fenced first.
+    let share = cluster::GpuRequest {
+        class: "mps.tessera.dev",
+        selector: None,
+        capacity: Some(json!({"computePercent": "25", "memory": "4Gi"})),
+    };
+    cluster::create_claim_pod(&client, NS, "share", share)
+        .await
+        .unwrap();
+    let fenced_device = eventually("GPU 0's MIG devices to be fenced", WAIT, || async {
+        device_taints(&client, "h100-1")
+            .await
+            .into_iter()
+            .find(|(d, t)| {
+                d.starts_with("gpu-0-mig-")
+                    && t.contains(&"gpu.tessera.dev/reconfiguring".to_string())
+            })
+            .map(|(d, _)| d)
+    })
+    .await
+    .unwrap();
+
+    // The race: an allocation of one of those devices, decided by the scheduler before
+    // it saw the fence, lands now.
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+    let c = claims
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": "raced"},
+                "spec": {"devices": {"requests": [{"name": "mig", "exactly": {"deviceClassName": "mig.tessera.dev"}}]}}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let mut allocated = c.clone();
+    allocated.status = Some(
+        serde_json::from_value(json!({"allocation": {"devices": {"results": [
+            {"request": "mig", "driver": "gpu.tessera.dev", "pool": "h100-1", "device": fenced_device}]}}}))
+        .unwrap(),
+    );
+    claims
+        .replace_status("raced", &PostParams::default(), &allocated)
+        .await
+        .unwrap();
+
+    // The allocation wins: GPU 0 stays MIG (its spec taken back), and the operator plans
+    // again: GPU 1 becomes MPS and the pod runs there.
+    cluster::wait_pod_running(&client, NS, "share", WAIT)
+        .await
+        .unwrap();
+    let mps_device = claims
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|c| {
+            c.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("share-"))
+        })
+        .find_map(|c| c.status?.allocation?.devices?.results?.pop())
+        .map(|r| r.device);
+    assert_eq!(mps_device.as_deref(), Some("gpu-1-mps"));
+    wait_spec(
+        &client,
+        "h100-1",
+        &[
+            (0, SharingStrategy::Mig, Some("adaptive")),
+            (1, SharingStrategy::Mps, Some("adaptive")),
+        ],
+    )
+    .await;
+    assert_eq!(
+        op.metric(
+            "tessera_operator_adaptive_changes_total{from=\"MIG\",to=\"MPS\",result=\"held_back\"}"
+        )
+        .await,
+        Some(1.0),
+        "{}",
+        op.log_tail(40)
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+    let held = eventually("the GpuNode to be told", WAIT, || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("AdaptiveSwitchHeldBack"))
+    })
+    .await
+    .unwrap();
+    let note = held.note.unwrap_or_default();
+    assert!(
+        note.contains("GPU 0 of node h100-1 stays MIG") && note.contains("workloads/raced"),
+        "{note}"
+    );
+    assert!(
+        device_taints(&client, "h100-1")
+            .await
+            .iter()
+            .all(|(_, t)| t.is_empty()),
+        "no fence stays"
+    );
+}
+
+#[tokio::test]
+async fn a_waiting_claim_free_devices_could_hold_is_left_to_the_scheduler() {
+    let (cp, client) = setup().await;
+    let _node = SimNode::start(
+        &cp,
+        "h100-1",
+        "gpus: [{model: h100-80gb}, {model: h100-80gb}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    let op = OperatorProcess::start(&cp, "op-0", false).await.unwrap();
+    apply_adaptive(&client, "adaptive: {strategies: [MPS, MIG]}").await;
+    wait_spec(
+        &client,
+        "h100-1",
+        &[
+            (0, SharingStrategy::Mps, Some("adaptive")),
+            (1, SharingStrategy::Mps, Some("adaptive")),
+        ],
+    )
+    .await;
+    // A MIG claim moves GPU 0 to MIG, and holds one 1g.10gb of its seven slices.
+    run_mig_pod(&client, "inference").await;
+    let mig_mps = vec![
+        (0, SharingStrategy::Mig, Some("adaptive".to_string())),
+        (1, SharingStrategy::Mps, Some("adaptive".to_string())),
+    ];
+    let moved = eventually("GPU 0 to be MIG", WAIT, || async {
+        (spec_of(&client, "h100-1").await == mig_mps).then_some(())
+    })
+    .await;
+    assert!(moved.is_ok(), "{}", op.log_tail(60));
+
+    // A pod waits for CPU no node has; its 1g.10gb claim would fit in GPU 0's free
+    // slices. That is no reason to move idle GPU 1.
+    let objects = [
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "hungry"},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "mig.tessera.dev",
+                "selectors": [{"cel": {"expression": "device.attributes['gpu.tessera.dev'].profile == '1g.10gb'"}}]}}]}}}
+        }),
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "hungry"},
+            "spec": {
+                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                "resources": {"requests": {"cpu": "1000"}, "claims": [{"name": "gpu"}]}}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "hungry"}]
+            }
+        }),
+    ];
+    let templates: Api<k8s_openapi::api::resource::v1::ResourceClaimTemplate> =
+        Api::namespaced(client.clone(), NS);
+    templates
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(objects[0].clone()).unwrap(),
+        )
+        .await
+        .unwrap();
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(objects[1].clone()).unwrap(),
+    )
+    .await
+    .unwrap();
+    eventually("the claim to count as placeable", WAIT, || async {
+        op.metric("tessera_operator_placeable_claims")
+            .await
+            .filter(|v| *v == 1.0)
+    })
+    .await
+    .unwrap();
+    // A whole pass with the claim waiting ends: one that set the gauge is under way or
+    // done, and a Node label change starts another.
+    let passes = op
+        .metric("tessera_operator_passes_total{result=\"ok\"}")
+        .await
+        .unwrap();
+    label(&client, "h100-1", "e2e/touched", Some("yes")).await;
+    wait_passes(&op, passes + 1.0).await;
+    assert!(unmet(&client, "adaptive").await.is_empty());
+    assert_eq!(
+        spec_of(&client, "h100-1").await,
+        [
+            (0, SharingStrategy::Mig, Some("adaptive".to_string())),
+            (1, SharingStrategy::Mps, Some("adaptive".to_string())),
+        ],
+        "{}",
+        op.log_tail(30)
+    );
+    assert_eq!(
+        op.metric("tessera_operator_adaptive_changes_in_flight")
+            .await,
+        Some(0.0)
     );
 }

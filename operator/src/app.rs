@@ -95,6 +95,9 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
     };
     Operator::new(client, caches, metrics, &identity)
         .with_demand_dwell(std::time::Duration::from_secs(args.demand_dwell_seconds))
+        .with_batch_window(std::time::Duration::from_secs(
+            args.adaptive_batch_window_seconds,
+        ))
         .run(changed, leading, ready_tx, shutdown)
         .await?;
     info!("stopped");

@@ -53,6 +53,16 @@ pub struct Args {
 
     /// Seconds a pod must have been unschedulable before its claims count as unmet demand
     /// (a pod the scheduler is about to place is not demand).
-    #[arg(long, env = "TESSERA_DEMAND_DWELL_SECONDS", default_value_t = 10)]
+    #[arg(long, env = "TESSERA_DEMAND_DWELL_SECONDS", default_value_t = 2)]
     pub demand_dwell_seconds: u64,
+
+    /// Seconds the adaptive planner gathers newly unmet claims before it moves GPUs for
+    /// them: it acts once none has come for this long, and at the latest four times
+    /// this long after the first. 0: it acts at once.
+    #[arg(
+        long,
+        env = "TESSERA_ADAPTIVE_BATCH_WINDOW_SECONDS",
+        default_value_t = 5
+    )]
+    pub adaptive_batch_window_seconds: u64,
 }

@@ -330,6 +330,20 @@ pub struct Demand {
     /// When the next unschedulable pod's dwell ends, from `now`: demand can change then
     /// without any event.
     pub recheck_in: Option<std::time::Duration>,
+    /// Waiting claims the free devices could hold, left to the scheduler (see
+    /// [`crate::free`]): not in `pending`.
+    pub placeable: BTreeSet<String>,
+}
+
+impl Demand {
+    /// Leaves the claims the free devices of `supply` hold to the scheduler: what stays
+    /// in `pending` is unmet.
+    pub fn without_placeable(mut self, supply: &crate::usage::Supply) -> Self {
+        self.placeable = crate::free::placeable(&self, supply);
+        let placeable = &self.placeable;
+        self.pending.retain(|k, _| !placeable.contains(k));
+        self
+    }
 }
 
 impl Demand {

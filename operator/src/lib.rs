@@ -11,15 +11,18 @@
 
 pub mod adaptive;
 pub mod app;
+pub mod batch;
 pub mod config;
 pub mod demand;
 pub mod events;
+pub mod free;
 pub mod metrics;
 pub mod policy_status;
 pub mod resolve;
 pub mod runtime;
 pub mod selector;
 pub mod static_plan;
+pub mod transitions;
 pub mod usage;
 
 pub use app::{Error as RunError, run};

@@ -12,7 +12,10 @@
 //! | `tessera_operator_leader` | gauge | |
 //! | `tessera_operator_unmet_devices` | gauge | `shape` |
 //! | `tessera_operator_unmodelled_claims` | gauge | |
-//! | `tessera_operator_adaptive_changes_total` | counter | `from`, `to` |
+//! | `tessera_operator_placeable_claims` | gauge | |
+//! | `tessera_operator_adaptive_changes_total` | counter | `from`, `to`, `result` (`applied`, `held_back`, `superseded`, `timed_out`) |
+//! | `tessera_operator_adaptive_change_duration_seconds` | histogram | `from`, `to` |
+//! | `tessera_operator_adaptive_changes_in_flight` | gauge | |
 
 use std::{collections::BTreeMap, sync::Mutex, time::Duration};
 
@@ -44,6 +47,13 @@ struct MoveLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MoveResultLabels {
+    from: &'static str,
+    to: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ShapeLabel {
     shape: String,
 }
@@ -72,7 +82,11 @@ pub struct Metrics {
     unmet: Family<ShapeLabel, Gauge>,
     unmet_labels: Mutex<Vec<ShapeLabel>>,
     unmodelled: Gauge,
-    adaptive_changes: Family<MoveLabels, Counter>,
+    placeable: Gauge,
+    adaptive_changes: Family<MoveResultLabels, Counter>,
+    adaptive_duration: Family<MoveLabels, Histogram>,
+    /// Adaptive moves written and not yet ended.
+    pub adaptive_in_flight: Gauge,
 }
 
 impl Default for Metrics {
@@ -144,14 +158,40 @@ impl Metrics {
             "Claims of unschedulable pods that ask Tessera's DeviceClasses in a form Tessera cannot model",
             unmodelled.clone(),
         );
-        let adaptive_changes = Family::<MoveLabels, Counter>::default();
+        let placeable = Gauge::default();
+        registry.register(
+            "placeable_claims",
+            "Claims of unschedulable pods that free devices could hold: left to the scheduler, not unmet",
+            placeable.clone(),
+        );
+        let adaptive_changes = Family::<MoveResultLabels, Counter>::default();
         registry.register(
             "adaptive_changes",
-            "Idle GPUs an Adaptive policy moved between strategies for waiting claims",
+            "Moves of idle GPUs between strategies for waiting claims, by how they ended",
             adaptive_changes.clone(),
+        );
+        // 50 ms … ~14 min: a hand-over takes seconds, a reset-based MIG toggle minutes.
+        let adaptive_duration = Family::<MoveLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                0.05, 2.0, 15,
+            ))
+        });
+        registry.register(
+            "adaptive_change_duration_seconds",
+            "Time from an adaptive move's decision to the plugin reporting the GPU in its new strategy",
+            adaptive_duration.clone(),
+        );
+        let adaptive_in_flight = Gauge::default();
+        registry.register(
+            "adaptive_changes_in_flight",
+            "Adaptive moves written and not yet applied, held back, superseded or timed out",
+            adaptive_in_flight.clone(),
         );
         Self {
             adaptive_changes,
+            adaptive_duration,
+            adaptive_in_flight,
+            placeable,
             unmet,
             unmet_labels: Mutex::new(Vec::new()),
             unmodelled,
@@ -210,11 +250,22 @@ impl Metrics {
         );
     }
 
-    /// Counts one adaptive move.
-    pub fn adaptive_change(&self, from: &'static str, to: &'static str) {
+    /// Counts one adaptive move that ended, with how long it took when it was applied.
+    pub fn adaptive_change(
+        &self,
+        from: &'static str,
+        to: &'static str,
+        result: &'static str,
+        took: Option<Duration>,
+    ) {
         self.adaptive_changes
-            .get_or_create(&MoveLabels { from, to })
+            .get_or_create(&MoveResultLabels { from, to, result })
             .inc();
+        if let Some(took) = took {
+            self.adaptive_duration
+                .get_or_create(&MoveLabels { from, to })
+                .observe(took.as_secs_f64());
+        }
     }
 
     /// Sets the demand gauges; shapes no longer asked for go to zero.
@@ -236,6 +287,8 @@ impl Metrics {
         );
         self.unmodelled
             .set(i64::try_from(demand.unmodelled.len()).unwrap_or(i64::MAX));
+        self.placeable
+            .set(i64::try_from(demand.placeable.len()).unwrap_or(i64::MAX));
     }
 
     /// The text exposition.

@@ -168,8 +168,13 @@ pub fn resolve(snapshot: &Snapshot) -> Resolution {
                         Ok(want) => {
                             let allocated = node.allocated.get(&gpu.index);
                             match (previous, allocated) {
+                                // Back to the strategy the GPU still runs (a change
+                                // a claim held back) is no change under the claim.
                                 (Some(prev), Some(claims))
-                                    if !claims.is_empty() && shape_differs(prev, &want) =>
+                                    if !claims.is_empty()
+                                        && shape_differs(prev, &want)
+                                        && !(prev.strategy != want.strategy
+                                            && gpu.strategy == Some(want.strategy)) =>
                                 {
                                     let key = (node_name.clone(), gpu.index);
                                     let waited =

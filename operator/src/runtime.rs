@@ -44,13 +44,21 @@ use tracing::{debug, info, warn};
 
 use crate::{
     adaptive,
+    batch::{Batch, Gate},
     demand::{self, Demand},
     events::{self, Events},
     metrics::Metrics,
     policy_status,
     resolve::{self, NodeView, PolicyView, Snapshot},
+    transitions::{self, Transition, Transitions},
     usage::{self, GpuSize, Supply},
 };
+
+/// How long a pod must have been unschedulable before its claims count as demand, when
+/// not configured.
+pub const DEFAULT_DWELL: Duration = Duration::from_secs(2);
+/// The planner's batching window when not configured (see [`crate::batch`]).
+pub const DEFAULT_BATCH_WINDOW: Duration = Duration::from_secs(5);
 
 /// How long a pass waits after the first event for the rest of a burst.
 pub const DEBOUNCE: Duration = Duration::from_millis(200);
@@ -305,6 +313,10 @@ pub struct Operator {
     changed_at: BTreeMap<(String, u32), Instant>,
     /// Each Adaptive policy's last moves, newest first.
     last_changes: BTreeMap<String, Vec<tessera_api::policy::AdaptiveChange>>,
+    /// The moves on their way.
+    transitions: Transitions,
+    /// The planner's batching window.
+    batch: Batch,
 }
 
 impl Operator {
@@ -317,11 +329,21 @@ impl Operator {
             metrics,
             waiting: BTreeMap::new(),
             written: BTreeMap::new(),
-            dwell: Duration::from_secs(10),
+            dwell: DEFAULT_DWELL,
             announced: BTreeSet::new(),
             changed_at: BTreeMap::new(),
             last_changes: BTreeMap::new(),
+            transitions: Transitions::default(),
+            batch: Batch::new(DEFAULT_BATCH_WINDOW),
         }
+    }
+
+    /// How long the planner gathers new unmet claims before it acts (see
+    /// [`crate::batch`]).
+    #[must_use]
+    pub fn with_batch_window(mut self, window: Duration) -> Self {
+        self.batch = Batch::new(window);
+        self
     }
 
     /// How long a pod must have been unschedulable before its claims count as demand.
@@ -393,27 +415,54 @@ impl Operator {
     /// One pass: resolve, then write what differs. Returns when demand changes next
     /// without an event (a pod's dwell ending), if it does.
     pub async fn pass(&mut self) -> Result<Option<Duration>, Error> {
-        let demand = self.caches.demand(self.dwell);
+        let supply = self.caches.supply();
+        let demand = self.caches.demand(self.dwell).without_placeable(&supply);
         // The gauges first: whoever reads an event or a status this pass writes finds
         // them already saying the same.
         self.metrics.set_unmet(&demand);
         self.announce_unmodelled(&demand).await;
-        let supply = self.caches.supply();
         let mut snapshot = self.caches.snapshot(&self.waiting, &supply);
         let mut resolution = resolve::resolve(&snapshot);
+        let now = Instant::now();
+        let ended = self.transitions.observe(
+            &snapshot,
+            &resolution.specs,
+            |k| {
+                supply
+                    .allocated
+                    .get(k)
+                    .into_iter()
+                    .flatten()
+                    .map(|a| (a.claim.clone(), a.device.clone()))
+                    .collect()
+            },
+            now,
+        );
+        let mut retake = false;
+        for (gpu, t, outcome) in &ended {
+            if matches!(outcome, transitions::Outcome::HeldBack(_)) {
+                // The GPU keeps the shape its claims hold; the demand is planned for
+                // again with the GPUs still idle.
+                snapshot.adaptive.insert(gpu.clone(), t.from);
+                retake = true;
+            }
+        }
         let since_change: BTreeMap<(String, u32), Duration> = self
             .changed_at
             .iter()
             .map(|(k, t)| (k.clone(), t.elapsed()))
             .collect();
-        let moves = adaptive::plan(&snapshot, &resolution, &demand, &since_change);
-        if !moves.is_empty() {
+        let gate = self.batch.gate(demand.pending.keys(), now);
+        let moves = match gate {
+            Gate::Plan => adaptive::plan(&snapshot, &resolution, &demand, &since_change),
+            Gate::Wait(_) => Vec::new(),
+        };
+        if !moves.is_empty() || retake {
             for m in &moves {
                 snapshot.adaptive.insert((m.node.clone(), m.gpu), m.to);
             }
             resolution = resolve::resolve(&snapshot);
         }
-        let now = Instant::now();
         self.waiting.retain(|k, _| resolution.waiting.contains(k));
         for k in &resolution.waiting {
             self.waiting.entry(k.clone()).or_insert(now);
@@ -483,6 +532,7 @@ impl Operator {
                 }
             }
         }
+        self.announce_ended(&ended, &gpunode_refs).await;
         self.announce_moves(&moves, &written_nodes, &demand, &gpunode_refs)
             .await;
         let events = &self.events;
@@ -552,7 +602,23 @@ impl Operator {
             }
         }
         self.record_gauges(&resolution);
-        first_error.map_or(Ok(demand.recheck_in), Err)
+        self.metrics
+            .adaptive_in_flight
+            .set(i64::try_from(self.transitions.len()).unwrap_or(i64::MAX));
+        // Demand can change without an event when a dwell ends, a batch window closes or
+        // a move times out.
+        let recheck = [
+            demand.recheck_in,
+            match gate {
+                Gate::Wait(d) => Some(d),
+                Gate::Plan => None,
+            },
+            self.transitions.next_timeout(Instant::now()),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        first_error.map_or(Ok(recheck), Err)
     }
 
     /// Records and announces the adaptive moves whose GpuNode spec was written: the
@@ -567,7 +633,15 @@ impl Operator {
         for m in moves.iter().filter(|m| written.contains(&m.node)) {
             self.changed_at
                 .insert((m.node.clone(), m.gpu), Instant::now());
-            self.metrics.adaptive_change(m.from.as_str(), m.to.as_str());
+            self.transitions.start(
+                (m.node.clone(), m.gpu),
+                Transition {
+                    policy: m.policy.clone(),
+                    from: m.from,
+                    to: m.to,
+                    started: Instant::now(),
+                },
+            );
             let changes = self.last_changes.entry(m.policy.clone()).or_default();
             changes.insert(
                 0,
@@ -577,6 +651,8 @@ impl Operator {
                     to: m.to,
                     claims: m.claims,
                     time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()),
+                    result: None,
+                    seconds: None,
                 },
             );
             changes.truncate(LAST_CHANGES);
@@ -615,6 +691,50 @@ impl Operator {
                 if let Some(object) = self.caches.pod_ref(pod) {
                     self.events.publish(&event, &object).await;
                 }
+            }
+        }
+    }
+
+    /// Counts and records the moves that ended; tells the GpuNode of one a claim held
+    /// back.
+    async fn announce_ended(
+        &mut self,
+        ended: &[(transitions::GpuKey, Transition, transitions::Outcome)],
+        gpunodes: &BTreeMap<String, k8s_openapi::api::core::v1::ObjectReference>,
+    ) {
+        for ((node, gpu), t, outcome) in ended {
+            let took = match outcome {
+                transitions::Outcome::Applied(d) => Some(*d),
+                _ => None,
+            };
+            self.metrics
+                .adaptive_change(t.from.as_str(), t.to.as_str(), outcome.label(), took);
+            let gpu_ref = format!("{node}/{gpu}");
+            if let Some(c) = self.last_changes.get_mut(&t.policy).and_then(|l| {
+                l.iter_mut()
+                    .find(|c| c.gpu == gpu_ref && c.result.is_none())
+            }) {
+                c.result = Some(outcome.reason().to_string());
+                c.seconds = took.map(|d| (d.as_secs_f64() * 10.0).round() / 10.0);
+            }
+            info!(%node, gpu, from = t.from.as_str(), to = t.to.as_str(), result = outcome.label(), took = ?took, "adaptive move ended");
+            let transitions::Outcome::HeldBack(claims) = outcome else {
+                continue;
+            };
+            let event = kube::runtime::events::Event {
+                type_: kube::runtime::events::EventType::Normal,
+                reason: "AdaptiveSwitchHeldBack".into(),
+                note: Some(format!(
+                    "GPU {gpu} of node {node} stays {}: claim(s) {} were allocated on it while it was switching to {}; planning again with the idle GPUs",
+                    t.from.as_str(),
+                    claims.join(", "),
+                    t.to.as_str()
+                )),
+                action: "Reshape".into(),
+                secondary: None,
+            };
+            if let Some(g) = gpunodes.get(node) {
+                self.events.publish(&event, g).await;
             }
         }
     }

@@ -7,7 +7,7 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use tessera_api::{constants::DRIVER_NAME, policy::DeviceUsage, quantity::parse_mib};
 
 /// A published device, by the GPU it belongs to.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Published {
     /// Device type attribute (`gpu`, `mig`, `mps`, `timeslice`).
     pub device_type: String,
@@ -17,6 +17,23 @@ pub struct Published {
     pub compute_slices: Option<u32>,
     /// Memory of a MIG device (its `memory` capacity).
     pub memory_mib: Option<u64>,
+    /// Whether a taint keeps new allocations off it (`NoSchedule` or `NoExecute`).
+    pub tainted: bool,
+    /// The shared counters it consumes: (counter set, counter) → amount.
+    pub consumes: BTreeMap<(String, String), u64>,
+    /// For a device many claims share (`allowMultipleAllocations`): its capacities.
+    pub shared: Option<BTreeMap<String, SharedCapacity>>,
+}
+
+/// One capacity of a shared device, in the unit [`capacity_units`] gives.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SharedCapacity {
+    /// What the device has.
+    pub total: u64,
+    /// What a claim that names no amount is granted.
+    pub default: u64,
+    /// Grants are rounded up to a multiple of this.
+    pub step: u64,
 }
 
 /// One allocation result on one of this driver's devices.
@@ -32,6 +49,8 @@ pub struct Allocated {
     pub compute_percent: Option<u32>,
     /// `consumedCapacity.memory` (MPS shares).
     pub memory_mib: Option<u64>,
+    /// Every `consumedCapacity`, in [`capacity_units`].
+    pub consumed: BTreeMap<String, u64>,
 }
 
 /// A GPU's size, for the shares.
@@ -52,6 +71,18 @@ pub struct Supply {
     pub allocated: BTreeMap<(String, u32), Vec<Allocated>>,
     /// The GPUs' sizes.
     pub sizes: BTreeMap<(String, u32), GpuSize>,
+    /// Shared counters: (pool, counter set) → counter → what the set holds.
+    pub counters: BTreeMap<(String, String), BTreeMap<String, u64>>,
+}
+
+/// A capacity or counter quantity in the unit the operator compares it in: MiB for
+/// `memory`, the plain number otherwise.
+pub fn capacity_units(name: &str, q: &str) -> Option<u64> {
+    if name == "memory" {
+        parse_mib(q)
+    } else {
+        q.parse().ok()
+    }
 }
 
 impl Supply {
@@ -84,6 +115,15 @@ impl Supply {
             if newest.get(s.spec.pool.name.as_str()) != Some(&s.spec.pool.generation) {
                 continue;
             }
+            for set in s.spec.shared_counters.iter().flatten() {
+                supply.counters.insert(
+                    (s.spec.pool.name.clone(), set.name.clone()),
+                    set.counters
+                        .iter()
+                        .filter_map(|(k, c)| Some((k.clone(), c.value.0.parse().ok()?)))
+                        .collect(),
+                );
+            }
             for d in s.spec.devices.iter().flatten() {
                 let Ok(name) = tessera_gpu::naming::parse_device_name(&d.name) else {
                     continue;
@@ -111,6 +151,24 @@ impl Supply {
                             profile: attr("profile"),
                             compute_slices: cap("computeSlices").and_then(|q| q.parse().ok()),
                             memory_mib: cap("memory").and_then(|q| parse_mib(&q)),
+                            tainted: d.taints.iter().flatten().any(|t| t.effect != "None"),
+                            consumes: d
+                                .consumes_counters
+                                .iter()
+                                .flatten()
+                                .flat_map(|c| {
+                                    c.counters.iter().filter_map(|(k, v)| {
+                                        Some((
+                                            (c.counter_set.clone(), k.clone()),
+                                            v.value.0.parse().ok()?,
+                                        ))
+                                    })
+                                })
+                                .collect(),
+                            shared: d
+                                .allow_multiple_allocations
+                                .unwrap_or(false)
+                                .then(|| shared_capacities(d)),
                         },
                     );
             }
@@ -143,11 +201,54 @@ impl Supply {
                         device: r.device.clone(),
                         compute_percent: consumed("computePercent").and_then(|q| q.parse().ok()),
                         memory_mib: consumed("memory").and_then(|q| parse_mib(&q)),
+                        consumed: r
+                            .consumed_capacity
+                            .iter()
+                            .flatten()
+                            .filter_map(|(k, q)| Some((k.clone(), capacity_units(k, &q.0)?)))
+                            .collect(),
                     });
             }
         }
         supply
     }
+}
+
+/// The capacities of a device many claims share, with their request policies.
+fn shared_capacities(
+    d: &k8s_openapi::api::resource::v1::Device,
+) -> BTreeMap<String, SharedCapacity> {
+    d.capacity
+        .iter()
+        .flatten()
+        .filter_map(|(k, c)| {
+            let units = |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| {
+                capacity_units(k, &q.0)
+            };
+            let total = units(&c.value)?;
+            let policy = c.request_policy.as_ref();
+            // The scheduler grants the whole capacity to a claim that names no amount
+            // when the device sets no default.
+            let default = policy
+                .and_then(|p| p.default.as_ref())
+                .and_then(units)
+                .unwrap_or(total);
+            let step = policy
+                .and_then(|p| p.valid_range.as_ref())
+                .and_then(|r| r.step.as_ref())
+                .and_then(units)
+                .unwrap_or(1)
+                .max(1);
+            Some((
+                k.clone(),
+                SharedCapacity {
+                    total,
+                    default,
+                    step,
+                },
+            ))
+        })
+        .collect()
 }
 
 /// A policy's devices and allocated shares.
@@ -280,6 +381,7 @@ mod tests {
             profile: Some(profile.into()),
             compute_slices: Some(slices),
             memory_mib: Some(mib),
+            ..Published::default()
         };
         let mut s = Supply::default();
         s.published.insert(
@@ -298,6 +400,7 @@ mod tests {
                     profile: None,
                     compute_slices: None,
                     memory_mib: None,
+                    ..Published::default()
                 },
             )]),
         );
@@ -315,6 +418,7 @@ mod tests {
                 device: "gpu-0-mig-3g-40gb-0".into(),
                 compute_percent: None,
                 memory_mib: None,
+                consumed: BTreeMap::new(),
             }],
         );
         s.allocated.insert(
@@ -325,6 +429,7 @@ mod tests {
                 device: "gpu-1-mps".into(),
                 compute_percent: Some(25),
                 memory_mib: Some(8_192),
+                consumed: BTreeMap::new(),
             }],
         );
         s

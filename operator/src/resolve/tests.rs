@@ -435,3 +435,38 @@ fn a_static_layout_is_applying_until_the_plugin_reports_every_instance() {
     ));
     assert!(r.policies["a100"].applying.is_empty());
 }
+
+#[test]
+fn a_move_back_to_the_strategy_the_gpu_still_runs_is_written_under_its_claims() {
+    let mut p = policy("ad", 0, SharingStrategy::Adaptive);
+    p.spec.adaptive = Some(AdaptivePolicy {
+        strategies: vec![SharingStrategy::Mig, SharingStrategy::Mps],
+        cooldown: None,
+    });
+    let mut g = gpu(0, H100);
+    // The plugin kept MIG for a claim allocated while the GPU was to become MPS.
+    g.strategy = Some(SharingStrategy::Mig);
+    let mut n = node(&[], vec![g]);
+    let moved = resolve(&{
+        let mut s = snapshot(vec![p.clone()], vec![("a", n.clone())]);
+        s.adaptive.insert(("a".into(), 0), SharingStrategy::Mps);
+        s
+    });
+    n.spec = moved.specs["a"].clone();
+    assert_eq!(n.spec.gpus[0].strategy, SharingStrategy::Mps);
+    n.allocated
+        .insert(0, BTreeSet::from(["ns/raced".to_string()]));
+    let mut s = snapshot(vec![p], vec![("a", n)]);
+    s.adaptive.insert(("a".into(), 0), SharingStrategy::Mig);
+    let r = resolve(&s);
+    assert_eq!(r.specs["a"].gpus[0].strategy, SharingStrategy::Mig);
+    assert!(r.waiting.is_empty(), "nothing changes under the claim");
+
+    // Any other change still waits for the claim.
+    s.adaptive.clear();
+    s.nodes.get_mut("a").unwrap().gpus[0].strategy = Some(SharingStrategy::Mps);
+    s.adaptive.insert(("a".into(), 0), SharingStrategy::Mig);
+    let r = resolve(&s);
+    assert_eq!(r.specs["a"].gpus[0].strategy, SharingStrategy::Mps);
+    assert!(r.waiting.contains(&("a".to_string(), 0)));
+}
