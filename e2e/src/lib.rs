@@ -12,6 +12,7 @@
 //! No fake API server anywhere: what the tests exercise is the real one.
 
 pub mod bench;
+pub mod bench_adaptive;
 pub mod bench_operator;
 pub mod binaries;
 mod certs;

@@ -99,8 +99,6 @@ impl OperatorProcess {
             .args(["--leader-election-namespace", "tessera-system"])
             // Short, so a test sees a failover quickly.
             .args(["--leader-election-lease-seconds", "6"])
-            // Short, so a test sees unschedulable pods count as demand quickly.
-            .args(["--demand-dwell-seconds", "2"])
             .args(&self.args)
             .env("RUST_LOG", "info,tessera_operator=debug")
             .stdin(Stdio::null())

@@ -1409,3 +1409,145 @@ async fn a_waiting_claim_free_devices_could_hold_is_left_to_the_scheduler() {
         Some(0.0)
     );
 }
+
+/// The Applied condition of a GpuNode, once its message contains `text`.
+async fn applied_saying(client: &Client, node: &str, text: &str) -> Condition {
+    let gpunodes: Api<GpuNode> = Api::all(client.clone());
+    eventually(&format!("GpuNode {node} Applied: {text}"), WAIT, || async {
+        let g = gpunodes.get(node).await.ok()?;
+        g.status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Applied" && c.message.contains(text))
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_pod_being_bound_to_the_node_keeps_the_fence_across_a_plugin_restart_until_its_allocation_lands_and_wins() {
+    let (cp, client) = setup().await;
+    let mut node = SimNode::start(&cp, "l4-1", "gpus: [{model: l4}]\nlatencies: zero\n")
+        .await
+        .unwrap();
+    let _op = OperatorProcess::start(&cp, "op-0", false).await.unwrap();
+    let exclusive = X.replace("strategy: MPS", "strategy: Exclusive");
+    apply_policy(&client, &exclusive).await;
+    eventually("the whole GPU to be offered", WAIT, || async {
+        (device_taints(&client, "l4-1").await == [("gpu-0".to_string(), vec![])]).then_some(())
+    })
+    .await
+    .unwrap();
+
+    // A pod the scheduler is binding to this node: nominated to it, not bound, its claim
+    // not yet allocated. (It names another scheduler, so the test plays the scheduler.)
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+    let claim = claims
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": "binding-gpu"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]}}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "binding"},
+            "spec": {
+                "schedulerName": "e2e-scheduler",
+                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                "resources": {"claims": [{"name": "gpu"}]}}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "binding-gpu"}]
+            }
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    pods.patch_status(
+        "binding",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"nominatedNodeName": "l4-1"}})),
+    )
+    .await
+    .unwrap();
+
+    // The GPU is to become MPS: the fence outlasts its settle time while the pod binds.
+    apply_policy(&client, X).await;
+    let fenced = applied_saying(
+        &client,
+        "l4-1",
+        "while pod(s) workloads/binding being bound",
+    )
+    .await;
+    assert_eq!(fenced.status, "False");
+    assert_eq!(
+        device_taints(&client, "l4-1").await,
+        [(
+            "gpu-0".to_string(),
+            vec!["gpu.tessera.dev/reconfiguring".to_string()]
+        )]
+    );
+
+    // A plugin restarted now fences the change again: it recorded the old shape.
+    node.restart().await.unwrap();
+    eventually("the restarted plugin to publish", WAIT, || async {
+        node.http_get("/readyz")
+            .await
+            .ok()
+            .filter(|(c, _)| *c == 200)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        device_taints(&client, "l4-1").await,
+        [(
+            "gpu-0".to_string(),
+            vec!["gpu.tessera.dev/reconfiguring".to_string()]
+        )],
+        "{}",
+        node.log_tail(20)
+    );
+
+    // The scheduler's PreBind writes the allocation of the old device: it wins.
+    let mut allocated = claim.clone();
+    allocated.status = Some(
+        serde_json::from_value(json!({"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.tessera.dev", "pool": "l4-1", "device": "gpu-0"}]}}}))
+        .unwrap(),
+    );
+    claims
+        .replace_status("binding-gpu", &PostParams::default(), &allocated)
+        .await
+        .unwrap();
+    applied_saying(&client, "l4-1", "waits for claim(s) workloads/binding-gpu").await;
+    assert_eq!(
+        device_taints(&client, "l4-1").await,
+        [("gpu-0".to_string(), vec![])],
+        "the old shape serves its claim, not fenced"
+    );
+
+    // Pod and claim gone, the change goes through.
+    pods.delete("binding", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    claims
+        .delete("binding-gpu", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the MPS share to be offered", WAIT, || async {
+        device_names(&client, "l4-1")
+            .await
+            .contains(&"gpu-0-mps".to_string())
+            .then_some(())
+    })
+    .await
+    .unwrap();
+}

@@ -8,7 +8,10 @@
 use std::{future::Future, net::SocketAddr, sync::Arc};
 
 use futures::StreamExt;
-use k8s_openapi::api::{core::v1::Node, resource::v1::ResourceClaim};
+use k8s_openapi::api::{
+    core::v1::{Node, Pod},
+    resource::v1::ResourceClaim,
+};
 use kube::{
     Api,
     runtime::{WatchStreamExt, reflector, watcher},
@@ -26,6 +29,7 @@ use crate::{
     kubelet,
     metrics::Metrics,
     node::{NodeLoop, NodeLoopConfig},
+    offer_store::OfferStore,
     ratelimit::RateLimiter,
     state::NodeGpus,
 };
@@ -153,6 +157,26 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
             std::future::ready(())
         }),
     );
+    // Pods nominated to this node: a fence stands while one is being bound (see
+    // `fence`). Few at any time, so the watch is cheap.
+    let (nominated_cache, nominated_writer) = reflector::store();
+    let pods_api: Api<Pod> = Api::all(client.clone());
+    let notify = claim_events.clone();
+    background.spawn(
+        reflector(
+            nominated_writer,
+            watcher(
+                pods_api,
+                watcher::Config::default()
+                    .fields(&format!("status.nominatedNodeName={}", args.node_name)),
+            ),
+        )
+        .default_backoff()
+        .for_each(move |_| {
+            notify.notify_one();
+            std::future::ready(())
+        }),
+    );
     let boot_id = checkpoint::read_boot_id(&args.boot_id_file);
     let driver = Driver::new(DriverConfig {
         node: args.node_name.clone(),
@@ -192,6 +216,9 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
         keeper: driver.keeper(),
         claims: claim_cache,
         claim_events,
+        nominated: nominated_cache,
+        settle: std::time::Duration::from_millis(args.handover_settle_ms),
+        offer_store: OfferStore::new(args.state_dir.join("offers.json")),
         metrics: metrics.clone(),
         node_uid,
         default_strategy: args.default_strategy,

@@ -108,6 +108,13 @@ pub struct Args {
     #[arg(long, env = "TESSERA_CLAIM_STATUS_BURST", default_value_t = 40, value_parser = clap::value_parser!(u32).range(1..))]
     pub claim_status_burst: u32,
 
+    /// Milliseconds a GPU changing shape keeps its old devices fenced at least, so that
+    /// an allocation the scheduler decided before it saw the fence is written first (a
+    /// pod being bound to this node keeps the fence longer; see the README's hand-over
+    /// section). Raise it for a control plane whose writes take longer.
+    #[arg(long, env = "TESSERA_HANDOVER_SETTLE_MS", default_value_t = 1000)]
+    pub handover_settle_ms: u64,
+
     /// Log format.
     #[arg(long, env = "TESSERA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

@@ -161,7 +161,7 @@ fn current_faults(record: &Record, gpus: &[GpuInfo]) -> BTreeMap<u32, GpuHealthS
 }
 
 /// Temp file, fsync, rename: the record is whole or absent after a crash.
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         fs::create_dir_all(dir)?;
     }

@@ -22,6 +22,7 @@ pub mod health_store;
 pub mod kubelet;
 pub mod metrics;
 pub mod node;
+pub mod offer_store;
 pub use tessera_api::quantity;
 pub mod ratelimit;
 pub mod slices;

@@ -21,7 +21,10 @@ use std::{
 
 use futures::StreamExt;
 use k8s_openapi::{
-    api::resource::v1::{DeviceTaint, ResourceClaim, ResourceSlice},
+    api::{
+        core::v1::Pod,
+        resource::v1::{DeviceTaint, ResourceClaim, ResourceSlice},
+    },
     jiff::Timestamp,
 };
 use kube::{
@@ -42,6 +45,7 @@ use crate::{
     health_store::HealthStore,
     kubelet::{DeviceHealthEntry, DeviceHealthStatus, RegistrationState},
     metrics::Metrics,
+    offer_store::OfferStore,
     slices::{self, DesiredPool, GpuView, publish::Publisher},
     state::{NodeState, TaskFailed},
     status::{self, GpuHealthState, StatusInput, StatusWriter},
@@ -77,10 +81,13 @@ pub struct NodeLoop {
     claims: Store<ResourceClaim>,
     /// Notified on every change of that cache.
     claim_events: Arc<tokio::sync::Notify>,
-    /// Whether some GPU's change waits for claims (then claim changes call for a pass).
+    /// Whether some GPU's change waits for claims or for pods being bound (then changes
+    /// of the claim and nominated-pod caches call for a pass).
     held_back: bool,
     /// Each GPU's applied offer, and the fences of GPUs changing shape.
     handover: Handover,
+    nominated: Store<Pod>,
+    offer_store: OfferStore,
     /// GPUs fenced this pass.
     fenced: BTreeSet<u32>,
     /// When the next fence's settle time ends.
@@ -113,8 +120,15 @@ pub struct NodeLoopConfig {
     pub keeper: Keeper,
     /// The ResourceClaim watch cache.
     pub claims: Store<ResourceClaim>,
-    /// Notified on every change of that cache.
+    /// Notified on every change of that cache, and of `nominated`.
     pub claim_events: Arc<tokio::sync::Notify>,
+    /// The watch cache of pods nominated to this node (`status.nominatedNodeName`): the
+    /// ones not yet bound may be about to get devices here (see [`crate::fence`]).
+    pub nominated: Store<Pod>,
+    /// How long a GPU changing shape stays fenced at least.
+    pub settle: Duration,
+    /// Where the offers applied outlive the process.
+    pub offer_store: OfferStore,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// The Node's UID (owner of the slices and the GpuNode).
@@ -138,6 +152,9 @@ impl NodeLoop {
             keeper,
             claims,
             claim_events,
+            nominated,
+            settle,
+            offer_store,
             metrics,
             node_uid,
             default_strategy,
@@ -145,6 +162,14 @@ impl NodeLoop {
             health_tx,
             ready_tx,
         } = cfg;
+        // A change under way before a restart is fenced again (see `offer_store`).
+        let applied = offer_store.load(&state.gpus().gpus).unwrap_or_else(|e| {
+            warn!(
+                error = &e as &dyn std::error::Error,
+                "cannot read the offers recorded before a restart; a change under way applies at once"
+            );
+            BTreeMap::new()
+        });
         // Faults seen before a restart still hold (see `health_store`).
         let health = health_store.load(&state.gpus().gpus).unwrap_or_else(|e| {
             warn!(
@@ -169,7 +194,9 @@ impl NodeLoop {
             claims,
             claim_events,
             held_back: false,
-            handover: Handover::default(),
+            handover: Handover::new(settle).with_applied(applied),
+            nominated,
+            offer_store,
             fenced: BTreeSet::new(),
             recheck: None,
             metrics,
@@ -386,6 +413,7 @@ impl NodeLoop {
         desired: Vec<slices::GpuOffer>,
     ) -> (Vec<slices::GpuOffer>, BTreeMap<u32, String>) {
         let mut users = self.users().await;
+        let binding = self.binding();
         let now = std::time::Instant::now();
         self.fenced.clear();
         self.recheck = None;
@@ -397,6 +425,7 @@ impl NodeLoop {
                 gpu.index,
                 &want,
                 users.remove(&gpu.index).unwrap_or_default(),
+                &binding,
                 now,
             );
             if let Some(r) = step.recheck_in {
@@ -413,8 +442,25 @@ impl NodeLoop {
                     ),
                 );
             }
+            if !step.binding.is_empty() {
+                // Their allocations or bindings end with an event of the claim or pod
+                // caches: wake on those.
+                self.held_back = true;
+            }
             offers.push(match step.publish {
                 Publish::Offer(o) => o,
+                Publish::Fenced(o) if !step.binding.is_empty() => {
+                    notes.insert(
+                        gpu.index,
+                        format!(
+                            "GPU {}: changing shape; its devices stay fenced ({RECONFIGURING_TAINT}, NoSchedule) while pod(s) {} being bound to this node may get one of them",
+                            gpu.index,
+                            step.binding.join(", ")
+                        ),
+                    );
+                    self.fenced.insert(gpu.index);
+                    o
+                }
                 Publish::Fenced(o) => {
                     info!(gpu = gpu.index, "GPU changes shape: fencing its devices while allocations in flight settle");
                     notes.insert(
@@ -429,7 +475,44 @@ impl NodeLoop {
                 }
             });
         }
+        if let Err(e) = self.offer_store.save(self.handover.applied_all(), gpus) {
+            warn!(
+                error = &e as &dyn std::error::Error,
+                "cannot record the GPUs' offers; a restart during a change would apply it at once"
+            );
+        }
         (offers, notes)
+    }
+
+    /// The pods nominated to this node, not yet bound, that ask for claims: the scheduler
+    /// marks a pod so before it writes the pod's allocations, `namespace/name`.
+    fn binding(&self) -> Vec<String> {
+        let mut pods: Vec<String> = self
+            .nominated
+            .state()
+            .iter()
+            .filter(|p| {
+                let spec = p.spec.as_ref();
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.nominated_node_name.as_deref())
+                    == Some(self.state.node())
+                    && spec.is_some_and(|s| s.node_name.is_none())
+                    && spec
+                        .and_then(|s| s.resource_claims.as_ref())
+                        .is_some_and(|c| !c.is_empty())
+                    && p.metadata.deletion_timestamp.is_none()
+            })
+            .map(|p| {
+                format!(
+                    "{}/{}",
+                    p.metadata.namespace.as_deref().unwrap_or_default(),
+                    p.metadata.name.as_deref().unwrap_or_default()
+                )
+            })
+            .collect();
+        pods.sort();
+        pods
     }
 
     /// The claims allocated on (from the watch cache) or prepared for (the checkpoint)

@@ -1,6 +1,7 @@
 //! `cargo xtask bench`: the plugin's own overhead (prepare/unprepare latency over the real
 //! socket, slice building and publishing), measured on a fresh control plane and printed;
-//! `cargo xtask bench --operator`: the operator against a thousand GpuNodes.
+//! `cargo xtask bench --operator`: the operator against a thousand GpuNodes;
+//! `cargo xtask bench --adaptive`: pod to running when its GPU must change shape first.
 //!
 //! It builds what it needs, then runs the measurement in a child process of the profile
 //! measured (`target/<profile>/xtask bench --skip-build`) with `TESSERA_PLUGIN_BIN` and the
@@ -52,6 +53,13 @@ pub struct Args {
     /// GpuNodes in the operator benchmark.
     #[arg(long, default_value_t = 1000)]
     pub nodes: usize,
+    /// Measure adaptive sharing instead: pod created to running when its GPU must change
+    /// shape first, with the batching window at zero and at its default.
+    #[arg(long, conflicts_with = "operator")]
+    pub adaptive: bool,
+    /// Trials per configuration in the adaptive benchmark.
+    #[arg(long, default_value_t = 50)]
+    pub trials: usize,
     /// Internal: run the measurement in this process with what the environment names
     /// (`TESSERA_PLUGIN_BIN`, `TESSERA_K8S_BIN_DIR`); the parent `bench` sets them.
     #[arg(long, hide = true)]
@@ -105,15 +113,29 @@ pub fn run(args: Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     if args.operator {
         cmd.arg("--operator");
     }
+    if args.adaptive {
+        cmd.arg("--adaptive")
+            .args(["--trials", &args.trials.to_string()]);
+    }
     if let Some(qps) = args.claim_status_qps {
         // The measuring child passes its environment on to the plugin processes it starts.
         cmd.args(["--claim-status-qps", &qps.to_string()])
             .env("TESSERA_CLAIM_STATUS_QPS", qps.to_string());
     }
-    let measured = if args.operator { &operator } else { &plugin };
+    let measured = if args.operator || args.adaptive {
+        &operator
+    } else {
+        &plugin
+    };
     println!(
         "\n==> measuring the {profile} {} ({}) on Kubernetes {}",
-        if args.operator { "operator" } else { "plugin" },
+        if args.adaptive {
+            "operator and plugin (adaptive sharing)"
+        } else if args.operator {
+            "operator"
+        } else {
+            "plugin"
+        },
         measured.display(),
         bins.version
     );
@@ -142,10 +164,28 @@ fn measure_operator(args: &Args, rt: &tokio::runtime::Runtime) -> anyhow::Result
     print_report(&report, met, args.json.as_deref())
 }
 
+/// The adaptive measurement, in this process.
+fn measure_adaptive(args: &Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
+    let opts = tessera_e2e::bench_adaptive::Options {
+        trials: args.trials,
+        ..tessera_e2e::bench_adaptive::Options::default()
+    };
+    let started = std::time::Instant::now();
+    let progress = |line: &str| println!("    [{:>6.1}s] {line}", started.elapsed().as_secs_f64());
+    let report = rt.block_on(tessera_e2e::bench_adaptive::adaptive_latency(
+        &opts, &progress,
+    ))?;
+    let met = report.all_targets_met();
+    print_report(&report, met, args.json.as_deref())
+}
+
 /// The measurement proper, in this process.
 fn measure(args: &Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     if args.operator {
         return measure_operator(args, rt);
+    }
+    if args.adaptive {
+        return measure_adaptive(args, rt);
     }
     let opts = bench::Options {
         claims: args.claims,

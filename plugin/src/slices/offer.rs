@@ -13,7 +13,8 @@ use tessera_gpu::{
 use crate::config::DefaultStrategy;
 
 /// How one GPU is offered in the ResourceSlices.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", tag = "kind")]
 pub enum GpuOffer {
     /// Every allowed MIG placement (empty list: every profile), plus the whole GPU, all
     /// consuming the GPU's counters so the scheduler never allocates overlapping ones.
