@@ -1330,6 +1330,13 @@ async fn a_waiting_claim_free_devices_could_hold_is_left_to_the_scheduler() {
         ],
     )
     .await;
+    eventually("both MPS shares to be offered", WAIT, || async {
+        let mut names = device_names(&client, "h100-1").await;
+        names.sort();
+        (names == ["gpu-0-mps", "gpu-1-mps"]).then_some(())
+    })
+    .await
+    .unwrap();
     // A MIG claim moves GPU 0 to MIG, and holds one 1g.10gb of its seven slices.
     run_mig_pod(&client, "inference").await;
     let mig_mps = vec![
@@ -1425,7 +1432,8 @@ async fn applied_saying(client: &Client, node: &str, text: &str) -> Condition {
 }
 
 #[tokio::test]
-async fn a_pod_being_bound_to_the_node_keeps_the_fence_across_a_plugin_restart_until_its_allocation_lands_and_wins() {
+async fn a_pod_being_bound_to_the_node_keeps_the_fence_across_a_plugin_restart_until_its_allocation_lands_and_wins()
+ {
     let (cp, client) = setup().await;
     let mut node = SimNode::start(&cp, "l4-1", "gpus: [{model: l4}]\nlatencies: zero\n")
         .await
@@ -1550,4 +1558,60 @@ async fn a_pod_being_bound_to_the_node_keeps_the_fence_across_a_plugin_restart_u
     })
     .await
     .unwrap();
+}
+
+#[tokio::test]
+async fn a_pod_asking_an_extended_resource_of_a_tessera_class_moves_an_idle_gpu_and_runs() {
+    let (cp, client) = setup().await;
+    let _node = SimNode::start(
+        &cp,
+        "h100-1",
+        "gpus: [{model: h100-80gb}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    let op = OperatorProcess::start(&cp, "op-0", false).await.unwrap();
+    apply_adaptive(&client, "adaptive: {strategies: [MIG, MPS]}").await;
+    wait_spec(
+        &client,
+        "h100-1",
+        &[(0, SharingStrategy::Mig, Some("adaptive"))],
+    )
+    .await;
+
+    // No claim: the pod asks the MPS class by its implicit extended resource name
+    // (KEP-5004); the scheduler makes the claim once it has found a device.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "by-name"},
+            "spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                "resources": {"limits": {"deviceclass.resource.kubernetes.io/mps.tessera.dev": "1"}}}]}
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let ran = cluster::wait_pod_running(&client, NS, "by-name", WAIT).await;
+    assert!(ran.is_ok(), "{ran:?}\n{}", op.log_tail(30));
+    assert_eq!(
+        spec_of(&client, "h100-1").await,
+        [(0, SharingStrategy::Mps, Some("adaptive".to_string()))]
+    );
+    // The claim the scheduler made for it holds the MPS share.
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+    let made = claims.list(&ListParams::default()).await.unwrap().items;
+    let devices: Vec<String> =
+        made.iter()
+            .filter(|c| {
+                c.metadata.annotations.as_ref().is_some_and(|a| {
+                    a.contains_key("resource.kubernetes.io/extended-resource-claim")
+                })
+            })
+            .filter_map(|c| c.status.clone()?.allocation?.devices?.results?.pop())
+            .map(|r| r.device)
+            .collect();
+    assert_eq!(devices, ["gpu-0-mps"]);
 }

@@ -9,8 +9,9 @@
 //!   allocation, are healthy, have kept their shape for `adaptive.cooldown`, are not
 //!   in a strategy that has waiting demand of its own (no flipping back and forth), and
 //!   can take the strategy without a reset (or with one the policy allows);
-//! - at most one GPU per node and [`MAX_CHANGES`] in the cluster change per pass; the
-//!   next pass sees what the first did.
+//! - at most one GPU per node and [`MAX_CHANGES`] in the cluster are on their way at
+//!   once (a move is on its way until it ends, see [`crate::transitions`]); the next pass
+//!   sees what the first did.
 //!
 //! The plugin's hand-over (see the plugin's `fence` module) is the last word: a claim
 //! allocated while the change is on its way keeps the GPU in its old shape.
@@ -51,15 +52,19 @@ pub struct Change {
 
 /// The changes for `demand`. `resolution` is the pass's resolution without changes;
 /// `since_change` says how long ago this operator last changed each GPU (a GPU it never
-/// changed has no entry).
+/// changed has no entry); `in_flight` are the GPUs whose move has not ended yet: their
+/// nodes take no other, and they count against the cluster's limit.
 pub fn plan(
     snapshot: &Snapshot,
     resolution: &Resolution,
     demand: &Demand,
     since_change: &BTreeMap<(String, u32), Duration>,
+    in_flight: &BTreeSet<(String, u32)>,
 ) -> Vec<Change> {
     let mut changes = Vec::new();
-    let mut nodes_changing: BTreeSet<String> = BTreeSet::new();
+    let mut nodes_changing: BTreeSet<String> =
+        in_flight.iter().map(|(node, _)| node.clone()).collect();
+    let room = MAX_CHANGES.saturating_sub(in_flight.len());
     for policy in &snapshot.policies {
         let Some(adaptive) = policy
             .spec
@@ -114,8 +119,12 @@ pub fn plan(
                 need,
                 policy.spec.mps.as_ref().and_then(|m| m.max_clients),
             );
-            for (node, index, from, idle) in &gpus {
-                if count == 0 || changes.len() >= MAX_CHANGES {
+            // The cheapest moves first: a GPU that switches without a reset before one
+            // that needs the reset the policy allows.
+            let mut order: Vec<&(String, u32, SharingStrategy, bool)> = gpus.iter().collect();
+            order.sort_by_key(|(node, index, _, _)| needs_reset(snapshot, node, *index, *strategy));
+            for (node, index, from, idle) in order {
+                if count == 0 || changes.len() >= room {
                     break;
                 }
                 let key = (node.clone(), *index);
@@ -192,6 +201,21 @@ fn gpus_for(strategy: SharingStrategy, need: &Need, mps_clients: Option<i32>) ->
         SharingStrategy::Exclusive | SharingStrategy::Adaptive => per_gpu(1),
     }
     .max(1)
+}
+
+/// Whether moving the GPU to `strategy` takes a GPU reset: an A100 or A30 entering or
+/// leaving MIG.
+fn needs_reset(snapshot: &Snapshot, node: &str, index: u32, strategy: SharingStrategy) -> bool {
+    let Some(gpu) = snapshot
+        .nodes
+        .get(node)
+        .and_then(|n| n.gpus.iter().find(|g| g.index == index))
+    else {
+        return false;
+    };
+    let toggle_resets = tessera_gpu::find_model(&gpu.product_name)
+        .is_ok_and(|m| !m.architecture.mig_toggle_without_reset());
+    toggle_resets && gpu.mig_enabled != (strategy == SharingStrategy::Mig)
 }
 
 /// Whether the GPU can take `strategy`: MIG needs a MIG-capable GPU, and on one that

@@ -308,6 +308,84 @@ fn mps_capacity(c: Option<&CapacityRequirements>) -> Result<(Option<u32>, Option
     Ok((compute, memory))
 }
 
+/// The extended resource name a DeviceClass has when its spec names none (KEP-5004):
+/// this prefix and the class's name.
+pub const IMPLICIT_EXTENDED_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
+
+/// The extended resource names pods may ask Tessera's DeviceClasses by, name → class:
+/// each of `classes` (name, `spec.extendedResourceName`) that is Tessera's, by its
+/// implicit name and by the one its spec gives.
+pub fn extended_names<'a>(
+    classes: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
+) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for (class, named) in classes {
+        if !is_ours(class) {
+            continue;
+        }
+        out.insert(
+            format!("{IMPLICIT_EXTENDED_PREFIX}{class}"),
+            class.to_string(),
+        );
+        if let Some(n) = named {
+            out.insert(n.to_string(), class.to_string());
+        }
+    }
+    out
+}
+
+/// The shape a request of `class` with no selectors and no capacity asks for.
+fn class_shape(class: &str) -> Option<Shape> {
+    Some(match class {
+        classes::WHOLE => Shape::Whole,
+        classes::MIG => Shape::Mig { profile: None },
+        classes::MPS => Shape::Mps {
+            compute_percent: None,
+            memory_mib: None,
+        },
+        classes::TIME_SLICE => Shape::TimeSlice,
+        _ => return None,
+    })
+}
+
+/// What a pod asks of Tessera through extended resources (`names`: see
+/// [`extended_names`]), one request per resource, as the scheduler counts a pod's
+/// resources: the larger of its containers' sum and its largest init container.
+fn extended_requests(pod: &Pod, names: &BTreeMap<String, String>) -> Vec<RequestDemand> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Vec::new();
+    };
+    let asked = |c: &k8s_openapi::api::core::v1::Container, name: &str| -> u32 {
+        let r = c.resources.as_ref();
+        r.and_then(|r| r.requests.as_ref()?.get(name))
+            .or_else(|| r.and_then(|r| r.limits.as_ref()?.get(name)))
+            .and_then(|q| q.0.parse().ok())
+            .unwrap_or(0)
+    };
+    let mut out = Vec::new();
+    for (name, class) in names {
+        let sum: u32 = spec.containers.iter().map(|c| asked(c, name)).sum();
+        let init = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .map(|c| asked(c, name))
+            .max()
+            .unwrap_or(0);
+        let count = sum.max(init);
+        if count == 0 {
+            continue;
+        }
+        if let Some(shape) = class_shape(class) {
+            out.push(RequestDemand {
+                name: name.clone(),
+                alternatives: vec![(shape, count)],
+            });
+        }
+    }
+    out
+}
+
 /// A pending claim and what it asks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PendingClaim {
@@ -369,10 +447,14 @@ impl Demand {
 
 /// The claims the pods wait for: pods that have waited unschedulable for at least `dwell`
 /// by `now`, their claims that exist and are unallocated (a shared claim once), and what
-/// those ask of Tessera. `claim` looks a claim up by namespace and name.
+/// those ask of Tessera. `claim` looks a claim up by namespace and name. What a pod asks
+/// through the extended resources of `extended` (see [`extended_names`]) counts as one
+/// more claim, `<namespace>/<pod> (extended resources)`: the scheduler makes that claim
+/// only once it has found the devices.
 pub fn demand<'c>(
     pods: &[&Pod],
     claim: impl Fn(&str, &str) -> Option<&'c ResourceClaim>,
+    extended: &BTreeMap<String, String>,
     now: Timestamp,
     dwell: std::time::Duration,
 ) -> Demand {
@@ -389,6 +471,18 @@ pub fn demand<'c>(
         }
         let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
         let pod_name = format!("{ns}/{}", pod.metadata.name.as_deref().unwrap_or_default());
+        let by_extended = extended_requests(pod, extended);
+        if !by_extended.is_empty() {
+            let key = format!("{pod_name} (extended resources)");
+            out.pending.insert(
+                key.clone(),
+                PendingClaim {
+                    claim: key,
+                    pods: BTreeSet::from([pod_name.clone()]),
+                    requests: by_extended,
+                },
+            );
+        }
         for name in claim_names(pod) {
             let Some(c) = claim(ns, &name) else {
                 continue;

@@ -20,7 +20,7 @@ use futures::{StreamExt, stream};
 use k8s_openapi::{
     api::{
         core::v1::{Node, Pod},
-        resource::v1::{ResourceClaim, ResourceSlice},
+        resource::v1::{DeviceClass, ResourceClaim, ResourceSlice},
     },
     jiff::Timestamp,
 };
@@ -107,6 +107,8 @@ pub struct Caches {
     slices: Store<ResourceSlice>,
     /// Pods no node is bound to: where unmet demand shows.
     pods: Store<Pod>,
+    /// DeviceClasses: the extended resource names pods may ask Tessera's by.
+    classes: Store<DeviceClass>,
 }
 
 impl Caches {
@@ -154,8 +156,9 @@ impl Caches {
             pods: spawn(
                 Api::all(client.clone()),
                 all().fields("spec.nodeName="),
-                changed,
+                changed.clone(),
             ),
+            classes: spawn(Api::all(client.clone()), all(), changed),
         }
     }
 
@@ -184,7 +187,11 @@ impl Caches {
         self.pods
             .wait_until_ready()
             .await
-            .map_err(|_| Error::CacheNeverReady("Pod"))
+            .map_err(|_| Error::CacheNeverReady("Pod"))?;
+        self.classes
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::CacheNeverReady("DeviceClass"))
     }
 
     /// The claims unschedulable pods wait for, now.
@@ -204,9 +211,17 @@ impl Caches {
                 )
             })
             .collect();
+        let classes = self.classes.state();
+        let extended = demand::extended_names(classes.iter().map(|c| {
+            (
+                c.metadata.name.as_deref().unwrap_or_default(),
+                c.spec.extended_resource_name.as_deref(),
+            )
+        }));
         demand::demand(
             &pods,
             |ns, name| by_name.get(&(ns, name)).copied(),
+            &extended,
             Timestamp::now(),
             dwell,
         )
@@ -454,7 +469,13 @@ impl Operator {
             .collect();
         let gate = self.batch.gate(demand.pending.keys(), now);
         let moves = match gate {
-            Gate::Plan => adaptive::plan(&snapshot, &resolution, &demand, &since_change),
+            Gate::Plan => adaptive::plan(
+                &snapshot,
+                &resolution,
+                &demand,
+                &since_change,
+                &self.transitions.gpus(),
+            ),
             Gate::Wait(_) => Vec::new(),
         };
         if !moves.is_empty() || retake {

@@ -89,6 +89,11 @@ impl Transitions {
         self.open.len()
     }
 
+    /// The GPUs whose move is on its way.
+    pub fn gpus(&self) -> std::collections::BTreeSet<GpuKey> {
+        self.open.keys().cloned().collect()
+    }
+
     /// Whether none is.
     pub fn is_empty(&self) -> bool {
         self.open.is_empty()

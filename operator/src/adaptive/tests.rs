@@ -98,7 +98,7 @@ fn planned(
     since: &BTreeMap<(String, u32), Duration>,
 ) -> Vec<(String, u32, SharingStrategy, SharingStrategy)> {
     let r = resolve(s);
-    plan(s, &r, d, since)
+    plan(s, &r, d, since, &BTreeSet::new())
         .into_iter()
         .map(|c| (c.node, c.gpu, c.from, c.to))
         .collect()
@@ -189,6 +189,30 @@ fn one_gpu_per_node_changes_per_pass_and_demand_sizes_the_changes() {
 }
 
 #[test]
+fn a_node_with_a_move_on_its_way_takes_no_other_and_moves_on_their_way_count_in_the_cluster() {
+    let strategies = vec![SharingStrategy::Mig, SharingStrategy::Exclusive];
+    let s = snapshot(
+        adaptive(strategies, None),
+        vec![
+            ("a", node(vec![gpu(0, H100, true), gpu(1, H100, true)], &[])),
+            ("b", node(vec![gpu(0, H100, true)], &[])),
+        ],
+    );
+    let r = resolve(&s);
+    let d = wants(Shape::Whole, 2);
+    let on_its_way = BTreeSet::from([("a".to_string(), 1)]);
+    let got: Vec<(String, u32)> = plan(&s, &r, &d, &BTreeMap::new(), &on_its_way)
+        .into_iter()
+        .map(|c| (c.node, c.gpu))
+        .collect();
+    assert_eq!(got, [("b".to_string(), 0)]);
+    let full: BTreeSet<(String, u32)> = (0..u32::try_from(MAX_CHANGES).unwrap())
+        .map(|i| (format!("elsewhere-{i}"), 0))
+        .collect();
+    assert!(plan(&s, &r, &d, &BTreeMap::new(), &full).is_empty());
+}
+
+#[test]
 fn an_a100_leaves_mig_only_with_a_reset_the_policy_allows() {
     let strategies = vec![SharingStrategy::Mig, SharingStrategy::Mps];
     let mut p = adaptive(strategies, None);
@@ -202,6 +226,27 @@ fn an_a100_leaves_mig_only_with_a_reset_the_policy_allows() {
     assert_eq!(
         planned(&s, &wants(mps_share(), 1), &BTreeMap::new()).len(),
         1
+    );
+}
+
+#[test]
+fn a_gpu_that_switches_without_a_reset_is_moved_before_one_that_needs_it() {
+    let mut p = adaptive(vec![SharingStrategy::Mig, SharingStrategy::Mps], None);
+    p.spec.repartition = Some(RepartitionPolicy {
+        allow_gpu_reset: true,
+        drain_timeout: None,
+    });
+    // Node a's A100 comes first in name order, but leaving MIG resets it.
+    let s = snapshot(
+        p,
+        vec![
+            ("a", node(vec![gpu(0, A100, true)], &[])),
+            ("b", node(vec![gpu(0, H100, true)], &[])),
+        ],
+    );
+    assert_eq!(
+        planned(&s, &wants(mps_share(), 1), &BTreeMap::new()),
+        [("b".into(), 0, SharingStrategy::Mig, SharingStrategy::Mps)]
     );
 }
 

@@ -228,6 +228,7 @@ fn pending_claims_come_from_unschedulable_pods_that_waited_the_dwell() {
                 .iter()
                 .find(|c| ns == "ns" && c.metadata.name.as_deref() == Some(name))
         },
+        &BTreeMap::new(),
         now,
         Duration::from_secs(10),
     );
@@ -277,6 +278,7 @@ fn a_request_counts_under_the_first_alternative_a_policy_offers() {
     let d = demand(
         &[&p],
         |_, _| Some(&c),
+        &BTreeMap::new(),
         "2026-01-01T01:00:00Z".parse().unwrap(),
         Duration::from_secs(10),
     );
@@ -295,5 +297,67 @@ fn a_request_counts_under_the_first_alternative_a_policy_offers() {
     assert_eq!(
         all.into_iter().collect::<Vec<_>>(),
         [(Shape::Mig { profile: None }, (2, 1))]
+    );
+}
+
+#[test]
+fn extended_resources_mapped_to_tessera_classes_count_as_one_claim_per_pod() {
+    let names = extended_names([
+        (classes::WHOLE, Some("example.com/gpu")),
+        (classes::MPS, None),
+        ("other.example.com", Some("example.com/other")),
+    ]);
+    assert_eq!(
+        names.keys().collect::<Vec<_>>(),
+        [
+            "deviceclass.resource.kubernetes.io/gpu.tessera.dev",
+            "deviceclass.resource.kubernetes.io/mps.tessera.dev",
+            "example.com/gpu"
+        ],
+        "another driver's class is not Tessera's demand"
+    );
+    let p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "x", "namespace": "ns"},
+        "spec": {
+            "initContainers": [{"name": "i", "resources": {"limits": {"example.com/gpu": "3"}}}],
+            "containers": [
+                {"name": "a", "resources": {"requests": {"example.com/gpu": "1",
+                    "deviceclass.resource.kubernetes.io/mps.tessera.dev": "2"}}},
+                {"name": "b", "resources": {"limits": {"example.com/gpu": "1", "example.com/other": "1"}}}
+            ]
+        },
+        "status": {"conditions": [unschedulable("2026-01-01T00:00:00Z")]}
+    }))
+    .unwrap();
+    let d = demand(
+        &[&p],
+        |_, _| None,
+        &names,
+        "2026-01-01T01:00:00Z".parse().unwrap(),
+        Duration::from_secs(10),
+    );
+    let c = &d.pending["ns/x (extended resources)"];
+    assert_eq!(c.pods.iter().collect::<Vec<_>>(), ["ns/x"]);
+    let asks: Vec<(&str, &[(Shape, u32)])> = c
+        .requests
+        .iter()
+        .map(|r| (r.name.as_str(), r.alternatives.as_slice()))
+        .collect();
+    assert_eq!(
+        asks,
+        [
+            (
+                "deviceclass.resource.kubernetes.io/mps.tessera.dev",
+                &[(
+                    Shape::Mps {
+                        compute_percent: None,
+                        memory_mib: None
+                    },
+                    2
+                )][..]
+            ),
+            // The init container's three outweigh the containers' two.
+            ("example.com/gpu", &[(Shape::Whole, 3)][..]),
+        ]
     );
 }
