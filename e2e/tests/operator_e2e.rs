@@ -225,7 +225,21 @@ async fn sample_policies_become_gpunode_specs_the_slices_follow_and_a_restart_wr
                 .map(|d| d.published)
                 .sum::<u32>()
         };
-        (published(&mps, "mps") == 2 && published(&mig, "mig") > 0).then_some(())
+        // The plugins are done changing shape (no fence stands), and the figures count
+        // what they publish now.
+        let taints = [
+            device_taints(&client, "edge-1").await,
+            device_taints(&client, "infer-1").await,
+        ];
+        let settled = taints.iter().flatten().all(|(_, t)| t.is_empty());
+        let mig_now = device_names(&client, "infer-1")
+            .await
+            .iter()
+            .filter(|d| d.contains("-mig-"))
+            .count();
+        let mig_now = u32::try_from(mig_now).ok()?;
+        (settled && published(&mps, "mps") == 2 && published(&mig, "mig") == mig_now && mig_now > 0)
+            .then_some(())
     })
     .await
     .unwrap();

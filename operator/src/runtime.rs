@@ -257,8 +257,16 @@ impl Caches {
     }
 
     /// What resolution reads, now. `waiting` holds when each waiting GPU started to wait;
-    /// `supply` says which claims are allocated where.
-    fn snapshot(&self, waiting: &BTreeMap<(String, u32), Instant>, supply: &Supply) -> Snapshot {
+    /// `supply` says which claims are allocated where; `written` gives the spec this
+    /// process wrote to a GpuNode (by name) while the cache showed a version, if it did:
+    /// while the cache still shows that version, the write's echo has not arrived, and
+    /// resolution starts from what was written, not from the stale cached spec.
+    fn snapshot(
+        &self,
+        waiting: &BTreeMap<(String, u32), Instant>,
+        supply: &Supply,
+        written: impl Fn(&str, Option<&str>) -> Option<GpuNodeSpec>,
+    ) -> Snapshot {
         let labels: BTreeMap<String, BTreeMap<String, String>> = self
             .nodes
             .state()
@@ -271,9 +279,11 @@ impl Caches {
             .iter()
             .map(|g| {
                 let name = g.name_any();
+                let spec = written(&name, g.metadata.resource_version.as_deref())
+                    .unwrap_or_else(|| g.spec.clone());
                 let view = NodeView {
                     labels: labels.get(&name).cloned(),
-                    spec: g.spec.clone(),
+                    spec,
                     gpus: g
                         .status
                         .as_ref()
@@ -436,7 +446,16 @@ impl Operator {
         // them already saying the same.
         self.metrics.set_unmet(&demand);
         self.announce_unmodelled(&demand).await;
-        let mut snapshot = self.caches.snapshot(&self.waiting, &supply);
+        let written = &self.written;
+        let mut snapshot = self
+            .caches
+            .snapshot(&self.waiting, &supply, |name, version| {
+                let (seen, content) = written.get(&("gpunode", name.to_string()))?;
+                if seen.as_deref() != version {
+                    return None;
+                }
+                serde_json::from_value(content.clone()).ok()
+            });
         let mut resolution = resolve::resolve(&snapshot);
         let now = Instant::now();
         let ended = self.transitions.observe(
@@ -453,6 +472,8 @@ impl Operator {
             },
             now,
         );
+        // Before the ended moves are counted: whoever sees one counted sees it gone.
+        self.set_in_flight();
         let mut retake = false;
         for (gpu, t, outcome) in &ended {
             if matches!(outcome, transitions::Outcome::HeldBack(_)) {
@@ -623,9 +644,6 @@ impl Operator {
             }
         }
         self.record_gauges(&resolution);
-        self.metrics
-            .adaptive_in_flight
-            .set(i64::try_from(self.transitions.len()).unwrap_or(i64::MAX));
         // Demand can change without an event when a dwell ends, a batch window closes or
         // a move times out.
         let recheck = [
@@ -663,6 +681,7 @@ impl Operator {
                     started: Instant::now(),
                 },
             );
+            self.set_in_flight();
             let changes = self.last_changes.entry(m.policy.clone()).or_default();
             changes.insert(
                 0,
@@ -714,6 +733,12 @@ impl Operator {
                 }
             }
         }
+    }
+
+    fn set_in_flight(&self) {
+        self.metrics
+            .adaptive_in_flight
+            .set(i64::try_from(self.transitions.len()).unwrap_or(i64::MAX));
     }
 
     /// Counts and records the moves that ended; tells the GpuNode of one a claim held
