@@ -336,3 +336,133 @@ async fn rbac_lets_the_plugin_write_slices_but_not_policies() {
         e => panic!("expected 403, got {e}"),
     }
 }
+
+/// A kube client from a kubeconfig file.
+async fn client_from(path: &std::path::Path) -> kube::Client {
+    let kc = kube::config::Kubeconfig::read_from(path).unwrap();
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .unwrap();
+    kube::Client::try_from(config).unwrap()
+}
+
+fn slice(name: &str, node: &str) -> ResourceSlice {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {"driver": "gpu.tessera.dev", "nodeName": node,
+                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                 "devices": []}
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_plugin_writes_only_its_own_nodes_slices_and_gpunode() {
+    let cp = start_for_test().await.unwrap();
+    let admin = cp.admin_client().await.unwrap();
+    cluster::apply_dir(&admin, &repo_root().join("config/rbac"), false)
+        .await
+        .unwrap();
+    for n in ["n-a", "n-b"] {
+        cluster::create_node(&admin, n, &[]).await.unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("plugin-a");
+    cluster::node_bound_kubeconfig(&cp, "tessera-system", "tessera-plugin", "n-a", &kubeconfig)
+        .await
+        .unwrap();
+    let plugin_a = client_from(&kubeconfig).await;
+    let slices: Api<ResourceSlice> = Api::all(plugin_a.clone());
+
+    // The policy takes effect a moment after it is created: wait for its first refusal.
+    let refused = tessera_e2e::wait::eventually(
+        "the node restriction to refuse another node's slice",
+        std::time::Duration::from_secs(30),
+        || async {
+            match slices
+                .create(&PostParams::default(), &slice("other", "n-b"))
+                .await
+            {
+                Err(kube::Error::Api(s)) if s.code == 422 || s.code == 403 => Some(s.message),
+                Ok(_) => {
+                    // Created before the policy was in force: remove it and try again.
+                    let _ = Api::<ResourceSlice>::all(admin.clone())
+                        .delete("other", &Default::default())
+                        .await;
+                    None
+                }
+                Err(_) => None,
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        refused.contains("the tessera-plugin of node n-a may write ResourceSlices of its own node only, not of node n-b"),
+        "{refused}"
+    );
+    // Its own node's slice: created, updated, deleted.
+    let mut own = slices
+        .create(&PostParams::default(), &slice("own", "n-a"))
+        .await
+        .unwrap();
+    own.spec.pool.generation = 2;
+    slices
+        .replace("own", &PostParams::default(), &own)
+        .await
+        .unwrap();
+    slices.delete("own", &Default::default()).await.unwrap();
+    // Another node's slice cannot be deleted.
+    Api::<ResourceSlice>::all(admin.clone())
+        .create(&PostParams::default(), &slice("theirs", "n-b"))
+        .await
+        .unwrap();
+    let err = slices
+        .delete("theirs", &Default::default())
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("may change ResourceSlices of its own node only, not of node n-b"),
+        "{err}"
+    );
+
+    // GpuNodes: its own is created and its status written; another node's neither.
+    let gpunodes: Api<tessera_api::GpuNode> = Api::all(plugin_a.clone());
+    let gpunode = |name: &str| -> tessera_api::GpuNode {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
+            "metadata": {"name": name}, "spec": {}
+        }))
+        .unwrap()
+    };
+    let err = gpunodes
+        .create(&PostParams::default(), &gpunode("n-b"))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("may write the GpuNode of its own node only, not of node n-b"),
+        "{err}"
+    );
+    gpunodes
+        .create(&PostParams::default(), &gpunode("n-a"))
+        .await
+        .unwrap();
+    let status = kube::api::Patch::Merge(serde_json::json!({"status": {"gpus": []}}));
+    gpunodes
+        .patch_status("n-a", &kube::api::PatchParams::default(), &status)
+        .await
+        .unwrap();
+    Api::<tessera_api::GpuNode>::all(admin.clone())
+        .create(&PostParams::default(), &gpunode("n-b"))
+        .await
+        .unwrap();
+    let err = gpunodes
+        .patch_status("n-b", &kube::api::PatchParams::default(), &status)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("not of node n-b"), "{err}");
+}
