@@ -8,6 +8,7 @@
 //! | `tessera_operator_writes_total` | counter | `object` (`gpunode_spec`, `policy_status`) |
 //! | `tessera_operator_gpus` | gauge | `policy`, `strategy` |
 //! | `tessera_operator_conflicted_gpus` | gauge | |
+//! | `tessera_operator_degraded_policies` | gauge | |
 //! | `tessera_operator_waiting_gpus` | gauge | |
 //! | `tessera_operator_leader` | gauge | |
 //! | `tessera_operator_unmet_devices` | gauge | `shape` |
@@ -77,6 +78,8 @@ pub struct Metrics {
     pub conflicted_gpus: Gauge,
     /// GPUs whose new configuration waits for their claims.
     pub waiting_gpus: Gauge,
+    /// Policies whose `Degraded` condition is true.
+    pub degraded_policies: Gauge,
     /// 1 while this replica holds the lease and writes.
     pub leader: Gauge,
     unmet: Family<ShapeLabel, Gauge>,
@@ -133,6 +136,12 @@ impl Metrics {
             "conflicted_gpus",
             "GPUs selected by several policies of the same top priority (they keep their configuration)",
             conflicted_gpus.clone(),
+        );
+        let degraded_policies = Gauge::default();
+        registry.register(
+            "degraded_policies",
+            "Policies whose configuration cannot apply to some GPUs (condition Degraded=True)",
+            degraded_policies.clone(),
         );
         let waiting_gpus = Gauge::default();
         registry.register(
@@ -203,6 +212,7 @@ impl Metrics {
             gpus,
             gpu_labels: Mutex::new(Vec::new()),
             conflicted_gpus,
+            degraded_policies,
             waiting_gpus,
             leader,
         }

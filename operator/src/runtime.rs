@@ -604,6 +604,7 @@ impl Operator {
             })
             .collect();
         let ts = Timestamp::now();
+        let mut degraded = 0i64;
         for policy in &snapshot.policies {
             let Some(outcome) = resolution.policies.get(&policy.name) else {
                 continue;
@@ -620,6 +621,13 @@ impl Operator {
                 .get(&policy.name)
                 .cloned()
                 .unwrap_or_default();
+            if status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Degraded" && c.status == "True")
+            {
+                degraded += 1;
+            }
             let key = ("policy", policy.name.clone());
             let unchanged = previous
                 .as_ref()
@@ -644,6 +652,7 @@ impl Operator {
             }
         }
         self.record_gauges(&resolution);
+        self.metrics.degraded_policies.set(degraded);
         // Demand can change without an event when a dwell ends, a batch window closes or
         // a move times out.
         let recheck = [

@@ -11,6 +11,8 @@
 //! | `tessera_plugin_claim_status_writes_pending` | gauge | |
 //! | `tessera_plugin_claim_status_writes_skipped_total` | counter | |
 //! | `tessera_plugin_slice_publish_total` | counter | `result` |
+//! | `tessera_plugin_ready` | gauge | 1 while `/readyz` says ready |
+//! | `tessera_plugin_unhealthy_gpus` | gauge | GPUs tainted for a fault or unreadable |
 
 use std::time::Duration;
 
@@ -61,6 +63,10 @@ pub struct Metrics {
     pub status_writes_skipped: Counter,
     /// Times the kubelet accepted the plugin's registration (grows on kubelet restarts).
     pub kubelet_registrations: Counter,
+    /// 1 while the plugin is registered and its last publish succeeded (`/readyz`).
+    pub ready: Gauge,
+    /// GPUs whose devices carry the unhealthy taint.
+    pub unhealthy_gpus: Gauge,
 }
 
 impl Default for Metrics {
@@ -89,6 +95,18 @@ impl Metrics {
         let status_writes_pending = Gauge::default();
         let status_writes_skipped = Counter::default();
         let kubelet_registrations = Counter::default();
+        let ready = Gauge::default();
+        registry.register(
+            "ready",
+            "1 while the plugin is registered with the kubelet and its last publish succeeded",
+            ready.clone(),
+        );
+        let unhealthy_gpus = Gauge::default();
+        registry.register(
+            "unhealthy_gpus",
+            "GPUs tainted unhealthy (a fatal XID, a lost or unreadable GPU)",
+            unhealthy_gpus.clone(),
+        );
         registry.register(
             "kubelet_registrations",
             "Times the kubelet accepted the plugin's registration",
@@ -151,6 +169,8 @@ impl Metrics {
             status_writes_pending,
             status_writes_skipped,
             kubelet_registrations,
+            ready,
+            unhealthy_gpus,
         }
     }
 

@@ -283,6 +283,9 @@ impl NodeLoop {
         // Health first: the kubelet's stream must not tell a GPU is healthy after its
         // slices already carry the taint (and it needs no API write).
         self.publish_health(&pool);
+        self.metrics.unhealthy_gpus.set(
+            i64::try_from(self.health.values().filter(|h| !h.healthy).count()).unwrap_or(i64::MAX),
+        );
         let outcome = self.publisher.publish(&pool).await;
         self.metrics.observe_publish(outcome.is_ok());
         let outcome = outcome?;
@@ -696,6 +699,7 @@ impl NodeLoop {
                 (Err(e), _) => Err(format!("publishing failed: {}", crate::error_chain(e))),
                 (Ok(_), false) => Err(reg.to_string()),
             };
+            self.metrics.ready.set(i64::from(ready.is_ok()));
             let _ = self.ready_tx.send(ready);
             let retry = tokio::time::sleep(if result.is_err() {
                 backoff
