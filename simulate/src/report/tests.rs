@@ -1,0 +1,192 @@
+//! The measures and the report on scenarios small enough to reason about by hand.
+
+use super::*;
+use crate::{
+    cluster::{Cluster, Setup},
+    input::csv,
+    measure::{Silent, allocation_ratio, gpus_needed, replay},
+    workload::PodSpec,
+};
+
+fn pod(name: &str, gpus: u32, milli: u32) -> PodSpec {
+    PodSpec {
+        name: name.into(),
+        cpu_milli: 1000,
+        memory_mib: 1024,
+        gpus,
+        gpu_milli: milli,
+        arrival: 0,
+        departure: None,
+    }
+}
+
+fn shape(gpus: u32) -> NodeSpec {
+    NodeSpec {
+        name: "sim".into(),
+        cpu_milli: 64000,
+        memory_mib: 262144,
+        gpus,
+    }
+}
+
+fn setup() -> Setup {
+    Setup::new("h100-80gb", Knobs::default()).unwrap()
+}
+
+#[test]
+fn seven_small_pods_need_one_gpu_shared_and_seven_whole() {
+    let s = setup();
+    let pods = vec![pod("p", 1, 100); 7];
+    let needed = |p| {
+        gpus_needed(&s, p, &pods, &shape(1), 1, &mut Silent)
+            .unwrap()
+            .usage
+    };
+    assert_eq!(needed(Policy::Whole).gpus_used, 7);
+    assert_eq!(needed(Policy::MigTessera).gpus_used, 1);
+    assert_eq!(needed(Policy::MigFirstFit).gpus_used, 1);
+    let mps = needed(Policy::Mps);
+    assert_eq!((mps.gpus_used, mps.nodes), (1, 1));
+    assert_eq!(mps.requested_milli, 700);
+}
+
+#[test]
+fn first_fit_strands_the_4g_placement_and_tessera_does_not() {
+    let s = setup();
+    let pods = vec![pod("small", 1, 100), pod("big", 1, 500)];
+    let ff = gpus_needed(&s, Policy::MigFirstFit, &pods, &shape(1), 1, &mut Silent).unwrap();
+    let t = gpus_needed(&s, Policy::MigTessera, &pods, &shape(1), 1, &mut Silent).unwrap();
+    assert_eq!(ff.usage.gpus_used, 2);
+    assert_eq!(t.usage.gpus_used, 1);
+    // 1g (1/7) + 4g (4/7) held for 600 milli of demand.
+    assert_eq!(t.usage.allocated_milli, 142 + 571);
+    assert_eq!(t.usage.rounding_milli(), 713 - 600);
+    assert_eq!(t.usage.stranded_milli(), 1000 - 713);
+}
+
+#[test]
+fn a_pod_too_big_for_the_node_shape_is_counted_not_grown_for() {
+    let s = setup();
+    let pods = vec![pod("eight", 8, 1000), pod("one", 1, 1000)];
+    let n = gpus_needed(&s, Policy::Whole, &pods, &shape(4), 1, &mut Silent).unwrap();
+    assert_eq!(n.unplaceable, 1);
+    assert_eq!((n.usage.nodes, n.usage.gpus_used), (1, 1));
+}
+
+#[test]
+fn adaptive_moves_an_idle_gpu_to_mps_for_a_share_mig_would_waste() {
+    let s = setup();
+    let mut c = Cluster::new(&s, Policy::Adaptive, 1);
+    c.add_node(&shape(2)).unwrap();
+    // 470 milli: a 4g would give 101 more, so the pod asks MPS; no GPU offers MPS yet.
+    assert!(c.place(0, &pod("a", 1, 470)).unwrap());
+    assert_eq!(c.moves, 1);
+    // The next one fits the MPS GPU beside it: no move.
+    assert!(c.place(1, &pod("b", 1, 470)).unwrap());
+    assert_eq!(c.moves, 1);
+    assert_eq!(c.usage().gpus_used, 1);
+    // A whole-GPU pod takes the GPU left in MIG.
+    assert!(c.place(2, &pod("w", 1, 1000)).unwrap());
+    assert!(!c.place(3, &pod("x", 1, 1000)).unwrap());
+}
+
+#[test]
+fn a_departure_frees_the_partition_for_the_next_pod() {
+    let s = setup();
+    let mut c = Cluster::new(&s, Policy::MigTessera, 1);
+    c.add_node(&shape(1)).unwrap();
+    assert!(c.place(0, &pod("a", 1, 500)).unwrap());
+    assert!(!c.place(1, &pod("b", 1, 1000)).unwrap());
+    c.remove(0).unwrap();
+    assert_eq!(c.usage().gpus_used, 0);
+    assert!(c.place(1, &pod("b", 1, 1000)).unwrap());
+}
+
+#[test]
+fn a_timeline_replay_reuses_what_departures_free() {
+    let text = "kind,name,cpu_milli,memory_mib,gpus,gpu_milli,arrival,departure\n\
+                node,n,64000,262144,1,,,\n\
+                pod,a,1000,1024,1,1000,0,10\n\
+                pod,b,1000,1024,1,1000,5,\n\
+                pod,c,1000,1024,1,1000,10,\n";
+    let w = csv::parse("t.csv", text).unwrap();
+    let r = replay(&setup(), Policy::Whole, &w.pods, &w.nodes, 1, &mut Silent).unwrap();
+    assert_eq!((r.placed, r.failed, r.peak_gpus_used), (2, 1, 1));
+}
+
+#[test]
+fn the_allocation_ratio_repeats_per_seed_and_stays_within_capacity() {
+    let s = setup();
+    let pods = vec![pod("a", 1, 300), pod("b", 1, 700), pod("c", 2, 1000)];
+    let nodes = vec![shape(2), shape(4)];
+    let a = allocation_ratio(&s, Policy::Mps, &pods, &nodes, &[1, 2], &mut Silent).unwrap();
+    let b = allocation_ratio(&s, Policy::Mps, &pods, &nodes, &[1, 2], &mut Silent).unwrap();
+    assert_eq!(a.seeds, b.seeds);
+    for seed in &a.seeds {
+        assert!(seed.ratio > 0.0 && seed.ratio <= 1.0, "{}", seed.ratio);
+        assert!(seed.usage.requested_milli <= 6000);
+    }
+    assert!(a.min <= a.mean && a.mean <= a.max);
+    assert!(matches!(
+        allocation_ratio(&s, Policy::Mps, &[], &nodes, &[1], &mut Silent),
+        Err(SimError::EmptyWorkload)
+    ));
+}
+
+#[test]
+fn the_report_states_bounds_targets_and_mapping() {
+    let w = Workload {
+        pods: vec![
+            pod("s", 1, 100),
+            pod("b", 1, 500),
+            pod("w", 2, 1000),
+            pod("c", 0, 0),
+        ],
+        nodes: vec![shape(2), shape(2), shape(8)],
+    };
+    let opts = Options {
+        model: "h100-80gb".into(),
+        knobs: Knobs::default(),
+        policies: Policy::ALL.to_vec(),
+        seeds: vec![1],
+        replay: true,
+        seed: 1,
+    };
+    let r = run(&w, &opts, &mut Silent).unwrap();
+    assert_eq!(r.node_shape.gpus, 2);
+    assert_eq!(r.needed.len(), 5);
+    assert_eq!(
+        (r.pods.cpu_pods, r.pods.sharing_pods, r.pods.whole_gpu_pods),
+        (1, 2, 1)
+    );
+    assert_eq!(r.pods.profiles.get("4g.40gb"), Some(&1));
+    assert_eq!(
+        (r.bounds.mig, r.bounds.fractional, r.bounds.whole),
+        (3, 3, 4)
+    );
+    assert_eq!(r.targets.len(), 4);
+    let table = render_table(&r);
+    for p in Policy::ALL {
+        assert!(table.contains(p.label()), "{table}");
+    }
+    assert!(table.contains("→ MIG 4g.40gb"), "{table}");
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["needed"][0]["policy"], "whole");
+    let svg = crate::chart::render_svg(&r);
+    assert!(svg.starts_with("<svg") && svg.contains("MIG lower bound 3"));
+}
+
+#[test]
+fn the_common_shape_is_the_most_frequent_gpu_node() {
+    let nodes = vec![
+        shape(2),
+        shape(8),
+        shape(8),
+        NodeSpec {
+            gpus: 0,
+            ..shape(0)
+        },
+    ];
+    assert_eq!(common_shape(&nodes).unwrap().gpus, 8);
+    assert!(common_shape(&[]).is_none());
+}
