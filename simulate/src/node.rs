@@ -14,6 +14,7 @@ use tessera_gpu::{
     Occupancy, Placement,
     backend::GpuInfo,
     catalog::{GpuModel, MigLayout},
+    order,
 };
 use tessera_plugin::{
     config::DefaultStrategy,
@@ -75,6 +76,8 @@ pub struct SimNode {
     knobs: Knobs,
     /// The published pool.
     pub pool: Pool,
+    /// Each GPU's part of it, as built alone.
+    parts: Vec<Pool>,
     /// What the allocations hold of it.
     pub state: AllocatedState,
     /// Pod id → devices held.
@@ -118,6 +121,7 @@ impl SimNode {
             order,
             knobs,
             pool: Pool::default(),
+            parts: Vec::new(),
             state: AllocatedState::default(),
             held: BTreeMap::new(),
             requests: BTreeMap::new(),
@@ -150,13 +154,103 @@ impl SimNode {
         if let Some(g) = self.spec.gpus.iter_mut().find(|g| g.index == index) {
             *g = gpu_config(index, strategy, self.knobs);
         }
-        self.republish()
+        let pos = self.gpus.iter().position(|g| g.index == index);
+        self.republish_gpu(pos)
     }
 
-    /// Rebuilds what the plugin publishes, then what the allocations hold of it.
-    fn republish(&mut self) -> Result<(), PoolError> {
+    /// The plugin's pool of GPU `gpu` alone, in the order it publishes it (or the
+    /// baseline order).
+    fn build_part(&self, gpu: usize) -> Result<Pool, PoolError> {
         let layout = self.layout;
+        let info = std::slice::from_ref(&self.gpus[gpu]);
         let (offers, _warnings) = resolve_offers(
+            info,
+            |_| layout,
+            Some(&self.spec),
+            DefaultStrategy::Exclusive,
+        );
+        let blocked = Occupancy::new();
+        let view = GpuView {
+            info: &info[0],
+            layout,
+            offer: &offers[0],
+            occupancy: &self.occupancy[gpu],
+            blocked: &blocked,
+        };
+        let mut part = pool::compile(&build_pool(&[view], None), layout)?;
+        if self.order == Order::Canonical {
+            pool::canonical_order(&mut part);
+        }
+        Ok(part)
+    }
+
+    /// Rebuilds what the plugin publishes for GPU `gpu` (every GPU when `None`), then the
+    /// node's pool and what the allocations hold of it.
+    ///
+    /// `build_pool` builds each GPU's devices and counter set from that GPU alone and
+    /// lays the GPUs out in `order::gpu_order`; building one GPU at a time and laying the
+    /// parts out with the same `gpu_order` gives the same pool (a test checks it) at a
+    /// fraction of the cost, which is what keeps a trace of thousands of MIG pods fast.
+    fn republish_gpu(&mut self, gpu: Option<usize>) -> Result<(), PoolError> {
+        match gpu {
+            Some(g) => self.parts[g] = self.build_part(g)?,
+            None => {
+                self.parts = (0..self.gpus.len())
+                    .map(|g| self.build_part(g))
+                    .collect::<Result<_, _>>()?;
+            }
+        }
+        let positions: Vec<usize> = match self.order {
+            Order::Tessera => self.tessera_positions(),
+            Order::Canonical => (0..self.gpus.len()).collect(),
+        };
+        let mut devices = Vec::new();
+        let mut counters = Vec::new();
+        let mut counter_names = Vec::new();
+        for p in positions {
+            let part = &self.parts[p];
+            let offset = counters.len();
+            counters.extend_from_slice(&part.counters);
+            counter_names.extend_from_slice(&part.counter_names);
+            devices.extend(part.devices.iter().map(|d| {
+                let mut d = d.clone();
+                for (c, _) in &mut d.consumes {
+                    if *c != usize::MAX {
+                        *c += offset;
+                    }
+                }
+                d
+            }));
+        }
+        self.pool = Pool::new(devices, counters);
+        self.pool.counter_names = counter_names;
+        self.recompute_state();
+        Ok(())
+    }
+
+    /// Positions of the GPUs in the plugin's order (`order::gpu_order`, most used first).
+    fn tessera_positions(&self) -> Vec<usize> {
+        let occ: Vec<(u32, &Occupancy)> = self
+            .gpus
+            .iter()
+            .zip(&self.occupancy)
+            .map(|(g, o)| (g.index, o))
+            .collect();
+        order::gpu_order(&occ)
+            .into_iter()
+            .filter_map(|i| self.gpus.iter().position(|g| g.index == i))
+            .collect()
+    }
+
+    fn republish(&mut self) -> Result<(), PoolError> {
+        self.republish_gpu(None)
+    }
+
+    /// The pool `build_pool` gives for the whole node in one call (what the plugin runs).
+    #[cfg(test)]
+    pub(crate) fn pool_in_one_build(&self) -> Result<Pool, PoolError> {
+        let layout = self.layout;
+        let (offers, _) = resolve_offers(
             &self.gpus,
             |_| layout,
             Some(&self.spec),
@@ -176,14 +270,11 @@ impl SimNode {
                 blocked: &blocked,
             })
             .collect();
-        let desired = build_pool(&views, None);
-        let mut pool = pool::compile(&desired, layout)?;
+        let mut pool = pool::compile(&build_pool(&views, None), layout)?;
         if self.order == Order::Canonical {
             pool::canonical_order(&mut pool);
         }
-        self.pool = pool;
-        self.recompute_state();
-        Ok(())
+        Ok(pool)
     }
 
     fn recompute_state(&mut self) {
@@ -234,7 +325,7 @@ impl SimNode {
         chosen: &[Chosen],
     ) -> Result<(), PoolError> {
         let mut held = Vec::with_capacity(chosen.len());
-        let mut created = false;
+        let mut created: Option<usize> = None;
         for c in chosen {
             let d = &self.pool.devices[c.device];
             let mut instance = None;
@@ -247,7 +338,7 @@ impl SimNode {
                 // proves the two agree); a refusal here would be a bug in that proof.
                 if occ.place(layout, pl, tag).is_ok() {
                     instance = Some((pl, tag));
-                    created = true;
+                    created = Some(d.gpu as usize);
                 }
             }
             let consumed: Vec<(String, u128)> = d
@@ -270,8 +361,10 @@ impl SimNode {
         self.memory_used += memory;
         self.held.insert(pod, held);
         self.requests.insert(pod, (cpu, memory));
-        if created && self.order == Order::Tessera {
-            self.republish()?;
+        if let Some(gpu) = created
+            && self.order == Order::Tessera
+        {
+            self.republish_gpu(Some(gpu))?;
         }
         Ok(())
     }
@@ -285,6 +378,7 @@ impl SimNode {
             self.cpu_used -= cpu;
             self.memory_used -= memory;
         }
+        let mut freed = None;
         for h in &held {
             if let (Some((_, tag)), Some(occ), Some(layout)) = (
                 h.instance,
@@ -293,13 +387,15 @@ impl SimNode {
             ) {
                 // The tag was placed by `commit`; freeing it cannot fail.
                 let _ = occ.free(layout, tag);
+                freed = Some(h.gpu as usize);
             }
         }
-        if self.order == Order::Tessera {
-            self.republish()
-        } else {
-            self.recompute_state();
-            Ok(())
+        match freed {
+            Some(gpu) if self.order == Order::Tessera => self.republish_gpu(Some(gpu)),
+            _ => {
+                self.recompute_state();
+                Ok(())
+            }
         }
     }
 
@@ -333,3 +429,6 @@ fn given_milli(
         DeviceType::Gpu | DeviceType::TimeSlice => crate::workload::WHOLE_GPU_MILLI,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -31,9 +31,13 @@ pub enum Policy {
 }
 
 impl Policy {
-    /// The strategies of the Adaptive policy, most preferred first.
-    pub const ADAPTIVE_STRATEGIES: [SharingStrategy; 2] =
-        [SharingStrategy::Mig, SharingStrategy::Mps];
+    /// The strategies of the Adaptive policy, most preferred first. `Exclusive` lets
+    /// whole-GPU demand move an idle MPS GPU back (a MIG GPU offers the whole GPU too).
+    pub const ADAPTIVE_STRATEGIES: [SharingStrategy; 3] = [
+        SharingStrategy::Mig,
+        SharingStrategy::Mps,
+        SharingStrategy::Exclusive,
+    ];
 
     /// Every policy, in report order.
     pub const ALL: [Policy; 5] = [

@@ -131,6 +131,8 @@ pub struct Pool {
     pub devices: Vec<PoolDevice>,
     /// Value of each counter (`<set>/<counter>` flattened to an index).
     pub counters: Vec<u64>,
+    /// `<set>/<counter>` of each counter.
+    pub counter_names: Vec<String>,
     by_name: HashMap<String, usize>,
     /// The devices each selector matches, in pool order: the allocator evaluates the
     /// same selectors on every device in the same order, and a device a selector
@@ -199,11 +201,13 @@ fn whole_number(device: &str, what: &str, value: &str) -> Result<u128, PoolError
 pub fn compile(desired: &DesiredPool, layout: Option<&MigLayout>) -> Result<Pool, PoolError> {
     let mut index: BTreeMap<(String, String), usize> = BTreeMap::new();
     let mut counters = Vec::new();
+    let mut counter_names = Vec::new();
     for set in desired.counter_slices.iter().flatten() {
         for (name, c) in &set.counters {
             let v = whole_number(&set.name, name, &c.value.0)?;
             index.insert((set.name.clone(), name.clone()), counters.len());
             counters.push(u64::try_from(v).unwrap_or(u64::MAX));
+            counter_names.push(format!("{}/{name}", set.name));
         }
     }
     let mut devices = Vec::new();
@@ -212,7 +216,9 @@ pub fn compile(desired: &DesiredPool, layout: Option<&MigLayout>) -> Result<Pool
             devices.push(device(*gpu, d, &index, layout)?);
         }
     }
-    Ok(Pool::new(devices, counters))
+    let mut pool = Pool::new(devices, counters);
+    pool.counter_names = counter_names;
+    Ok(pool)
 }
 
 fn attribute_string<'d>(d: &'d Device, name: &str) -> Option<&'d str> {

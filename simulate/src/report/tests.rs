@@ -88,6 +88,11 @@ fn adaptive_moves_an_idle_gpu_to_mps_for_a_share_mig_would_waste() {
     // A whole-GPU pod takes the GPU left in MIG.
     assert!(c.place(2, &pod("w", 1, 1000)).unwrap());
     assert!(!c.place(3, &pod("x", 1, 1000)).unwrap());
+    // Once the MPS GPU is idle again, whole-GPU demand moves it back.
+    c.remove(0).unwrap();
+    c.remove(1).unwrap();
+    assert!(c.place(3, &pod("x", 1, 1000)).unwrap());
+    assert_eq!(c.moves, 2);
 }
 
 #[test]
