@@ -193,9 +193,9 @@ impl<'s> Cluster<'s> {
         };
         let mut decision = self.scheduler.schedule(&self.nodes, &pr);
         if decision.is_none()
-            && self.policy == Policy::Adaptive
+            && self.policy.adapts()
             && let Some(wanted) = ask.strategy()
-            && self.adapt(wanted)?
+            && self.adapt(wanted, pod)?
         {
             decision = self.scheduler.schedule(&self.nodes, &pr);
         }
@@ -222,10 +222,19 @@ impl<'s> Cluster<'s> {
         self.placed.contains_key(&id)
     }
 
-    fn adapt(&mut self, wanted: tessera_api::policy::SharingStrategy) -> Result<bool, SimError> {
+    fn adapt(
+        &mut self,
+        wanted: tessera_api::policy::SharingStrategy,
+        pod: &PodSpec,
+    ) -> Result<bool, SimError> {
         let mut seen = Vec::new();
-        // The operator lists governed GPUs as `node/index`, node names in order.
-        let mut order: Vec<usize> = (0..self.nodes.len()).collect();
+        // The operator lists governed GPUs as `node/index`, node names in order. Its
+        // planner does not look at the waiting pod's other needs; the fit-aware variant
+        // sees only nodes where the pod's CPU and memory fit.
+        let fit_aware = self.policy == Policy::AdaptiveFit;
+        let mut order: Vec<usize> = (0..self.nodes.len())
+            .filter(|n| !fit_aware || self.nodes[*n].fits(pod.cpu_milli, pod.memory_mib))
+            .collect();
         order.sort_by(|a, b| self.nodes[*a].name.cmp(&self.nodes[*b].name));
         for n in order {
             let node = &self.nodes[n];

@@ -28,6 +28,9 @@ pub enum Policy {
     /// MIG where it wastes little, MPS elsewhere, GPUs moved between them on demand the
     /// way the operator's Adaptive planner does.
     Adaptive,
+    /// As [`Policy::Adaptive`], with a planner that looks only at GPUs on nodes where the
+    /// waiting pod's CPU and memory fit: what closing the operator's blind spot gives.
+    AdaptiveFit,
 }
 
 impl Policy {
@@ -40,13 +43,19 @@ impl Policy {
     ];
 
     /// Every policy, in report order.
-    pub const ALL: [Policy; 5] = [
+    pub const ALL: [Policy; 6] = [
         Policy::Whole,
         Policy::MigFirstFit,
         Policy::MigTessera,
         Policy::Mps,
         Policy::Adaptive,
+        Policy::AdaptiveFit,
     ];
+
+    /// Whether the Adaptive planner moves GPUs under this policy.
+    pub fn adapts(self) -> bool {
+        matches!(self, Policy::Adaptive | Policy::AdaptiveFit)
+    }
 
     /// Short label for tables and charts.
     pub fn label(self) -> &'static str {
@@ -56,6 +65,7 @@ impl Policy {
             Policy::MigTessera => "MIG Tessera",
             Policy::Mps => "MPS",
             Policy::Adaptive => "MIG+MPS",
+            Policy::AdaptiveFit => "MIG+MPS fit",
         }
     }
 
@@ -66,7 +76,9 @@ impl Policy {
             Policy::Mps => SharingStrategy::Mps,
             // Adaptive starts in its first, most preferred strategy (the operator's
             // `resolve::adaptive_strategy`).
-            Policy::MigFirstFit | Policy::MigTessera | Policy::Adaptive => SharingStrategy::Mig,
+            Policy::MigFirstFit | Policy::MigTessera | Policy::Adaptive | Policy::AdaptiveFit => {
+                SharingStrategy::Mig
+            }
         }
     }
 }
@@ -180,7 +192,7 @@ pub fn ask(
         (Policy::Whole, _) | (_, None) => whole,
         (Policy::MigFirstFit | Policy::MigTessera, Some(p)) => mig(p),
         (Policy::Mps, _) => mps,
-        (Policy::Adaptive, Some(p)) => {
+        (Policy::Adaptive | Policy::AdaptiveFit, Some(p)) => {
             if mig_waste(layout, p, pod.gpu_milli) <= knobs.mig_waste_milli
                 && p.memory_slices < layout.memory_slices
             {

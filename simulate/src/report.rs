@@ -254,14 +254,27 @@ fn targets(needed: &[Needed], ratio: &[Ratio], b: &Bounds) -> Vec<Target> {
             met: pts >= 5.0,
         });
     }
-    if let Some(m) = used(Policy::Adaptive)
-        && b.fractional > 0
-    {
+    for p in [Policy::Adaptive, Policy::AdaptiveFit] {
+        let Some(n) = find(needed, p, |n| n.policy) else {
+            continue;
+        };
+        if b.fractional == 0 {
+            continue;
+        }
+        let m = n.usage.gpus_used;
         let r = m as f64 / b.fractional as f64;
+        let left = if n.unplaceable > 0 {
+            format!(
+                "; {} pods left unplaced, so the figure is not comparable",
+                n.unplaceable
+            )
+        } else {
+            String::new()
+        };
         out.push(Target {
-            goal: "MIG+MPS mixed ≤ 1.1 × fractional lower bound".into(),
-            measured: format!("{r:.3} × ({m} GPUs, bound {})", b.fractional),
-            met: r <= 1.1,
+            goal: format!("{} ≤ 1.1 × fractional lower bound", p.label()),
+            measured: format!("{r:.3} × ({m} GPUs, bound {}){left}", b.fractional),
+            met: r <= 1.1 && n.unplaceable == 0,
         });
     }
     out
@@ -322,7 +335,11 @@ pub fn render_table(r: &Report) -> String {
             n.seconds
         );
         if n.unplaceable > 0 {
-            let _ = writeln!(s, "  ({} pods fit not even an empty node)", n.unplaceable);
+            let _ = writeln!(
+                s,
+                "  ({} pods placed nowhere, not even on a node added for them)",
+                n.unplaceable
+            );
         }
     }
     let b = &r.bounds;
