@@ -120,7 +120,7 @@ fn gpus_with_the_sim_backend_needs_an_inventory() {
 
 fn scenario(dir: &std::path::Path, text: &str) -> String {
     let path = dir.join("scenario.csv");
-    std::fs::write(&path, text).unwrap();
+    std::fs::write(&path, text).expect("write the scenario");
     path.display().to_string()
 }
 
