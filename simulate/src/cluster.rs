@@ -139,6 +139,7 @@ impl Usage {
 }
 
 /// One run's cluster.
+#[derive(Clone)]
 pub struct Cluster<'s> {
     setup: &'s Setup,
     policy: Policy,
@@ -162,6 +163,14 @@ impl<'s> Cluster<'s> {
             placed: BTreeMap::new(),
             requested_milli: 0,
             moves: 0,
+        }
+    }
+
+    /// The same cluster with the scheduler's tie-breaks drawn from `seed`.
+    pub fn reseeded(&self, seed: u64) -> Self {
+        Self {
+            scheduler: Scheduler::new(seed),
+            ..self.clone()
         }
     }
 

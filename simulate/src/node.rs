@@ -84,6 +84,8 @@ pub struct SimNode {
     pub held: BTreeMap<usize, Vec<Held>>,
     /// Pod id → (cpu, memory) requested.
     requests: BTreeMap<usize, (u64, u64)>,
+    /// Devices held on each GPU.
+    holds: Vec<u32>,
 }
 
 impl SimNode {
@@ -125,6 +127,7 @@ impl SimNode {
             state: AllocatedState::default(),
             held: BTreeMap::new(),
             requests: BTreeMap::new(),
+            holds: vec![0; spec.gpus as usize],
         };
         node.republish()?;
         Ok(node)
@@ -146,7 +149,7 @@ impl SimNode {
 
     /// Whether any pod holds a device of GPU `index`.
     pub fn gpu_busy(&self, index: u32) -> bool {
-        self.held.values().flatten().any(|h| h.gpu == index)
+        self.holds.get(index as usize).is_some_and(|n| *n > 0)
     }
 
     /// Moves GPU `index` to `strategy` (the operator's spec change) and republishes.
@@ -359,6 +362,11 @@ impl SimNode {
         }
         self.cpu_used += cpu;
         self.memory_used += memory;
+        for h in &held {
+            if let Some(n) = self.holds.get_mut(h.gpu as usize) {
+                *n += 1;
+            }
+        }
         self.held.insert(pod, held);
         self.requests.insert(pod, (cpu, memory));
         if let Some(gpu) = created
@@ -374,6 +382,11 @@ impl SimNode {
         let Some(held) = self.held.remove(&pod) else {
             return Ok(());
         };
+        for h in &held {
+            if let Some(n) = self.holds.get_mut(h.gpu as usize) {
+                *n -= 1;
+            }
+        }
         if let Some((cpu, memory)) = self.requests.remove(&pod) {
             self.cpu_used -= cpu;
             self.memory_used -= memory;

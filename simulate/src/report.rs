@@ -12,7 +12,7 @@ use crate::{
     mapping::{MappingRow, mapping_table},
     measure::{self, Needed, Progress, Ratio, Replay},
     policy::{Ask, Knobs, Policy},
-    workload::{NodeSpec, WHOLE_GPU_MILLI, Workload},
+    workload::{NodeSpec, PodSpec, WHOLE_GPU_MILLI, Workload},
 };
 
 /// The FGD artifact's published allocation ratios on the openb default list (mean of 10
@@ -96,6 +96,8 @@ pub struct Report {
     pub bounds: Bounds,
     /// The node shape the GPUs-needed cluster grows by.
     pub node_shape: NodeSpec,
+    /// Pods larger than that shape (CPU, memory or GPUs), left out of GPUs needed.
+    pub larger_than_shape: Vec<String>,
     /// GPUs needed, per policy.
     pub needed: Vec<Needed>,
     /// Nodes and GPUs of the fixed cluster (node list).
@@ -130,6 +132,11 @@ pub fn common_shape(nodes: &[NodeSpec]) -> Option<NodeSpec> {
     })
 }
 
+/// Whether an empty node of `shape` holds `pod`.
+pub fn fits_shape(pod: &PodSpec, shape: &NodeSpec) -> bool {
+    pod.gpus <= shape.gpus && pod.cpu_milli <= shape.cpu_milli && pod.memory_mib <= shape.memory_mib
+}
+
 /// Runs every measure for every policy of `opts`.
 pub fn run(w: &Workload, opts: &Options, progress: &mut dyn Progress) -> Result<Report, SimError> {
     let setup = Setup::new(&opts.model, opts.knobs)?;
@@ -137,9 +144,13 @@ pub fn run(w: &Workload, opts: &Options, progress: &mut dyn Progress) -> Result<
     let mut needed = Vec::new();
     let mut ratio = Vec::new();
     let mut replay = Vec::new();
+    // A pod no node of the shape can hold would have every policy grow the cluster in
+    // vain: it is left out of this measure and of its bounds, and counted.
+    let (fitting, too_big): (Vec<PodSpec>, Vec<PodSpec>) =
+        w.pods.iter().cloned().partition(|p| fits_shape(p, &shape));
     for &p in &opts.policies {
         needed.push(measure::gpus_needed(
-            &setup, p, &w.pods, &shape, opts.seed, progress,
+            &setup, p, &fitting, &shape, opts.seed, progress,
         )?);
     }
     if !opts.seeds.is_empty() {
@@ -161,7 +172,7 @@ pub fn run(w: &Workload, opts: &Options, progress: &mut dyn Progress) -> Result<
             )?);
         }
     }
-    let b = bounds(setup.layout, &w.pods);
+    let b = bounds(setup.layout, &fitting);
     let targets = targets(&needed, &ratio, &b);
     Ok(Report {
         model: setup.model.id.clone(),
@@ -184,6 +195,7 @@ pub fn run(w: &Workload, opts: &Options, progress: &mut dyn Progress) -> Result<
         pods: summary(&setup, w),
         bounds: b,
         node_shape: shape,
+        larger_than_shape: too_big.iter().map(|p| p.name.clone()).collect(),
         needed,
         cluster_nodes: w.nodes.len(),
         cluster_gpus: w.nodes.iter().map(|n| u64::from(n.gpus)).sum(),
@@ -341,6 +353,15 @@ pub fn render_table(r: &Report) -> String {
                 n.unplaceable
             );
         }
+    }
+    if !r.larger_than_shape.is_empty() {
+        let _ = writeln!(
+            s,
+            "  ({} pods larger than the node shape are left out of this measure and its \
+             bounds: {})",
+            r.larger_than_shape.len(),
+            r.larger_than_shape.join(", ")
+        );
     }
     let b = &r.bounds;
     let _ = writeln!(

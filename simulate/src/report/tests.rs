@@ -197,6 +197,7 @@ fn the_report_states_bounds_targets_and_mapping() {
             pod("b", 1, 500),
             pod("w", 2, 1000),
             pod("c", 0, 0),
+            pod("big8", 8, 1000),
         ],
         nodes: vec![shape(2), shape(2), shape(8)],
     };
@@ -210,10 +211,13 @@ fn the_report_states_bounds_targets_and_mapping() {
     };
     let r = run(&w, &opts, &mut Silent).unwrap();
     assert_eq!(r.node_shape.gpus, 2);
+    // The 8-GPU pod cannot run on the 2-GPU shape: out of GPUs needed and its bounds.
+    assert_eq!(r.larger_than_shape, vec!["big8".to_string()]);
+    assert!(r.needed.iter().all(|n| n.unplaceable == 0));
     assert_eq!(r.needed.len(), Policy::ALL.len());
     assert_eq!(
         (r.pods.cpu_pods, r.pods.sharing_pods, r.pods.whole_gpu_pods),
-        (1, 2, 1)
+        (1, 2, 2)
     );
     assert_eq!(r.pods.profiles.get("4g.40gb"), Some(&1));
     assert_eq!(
