@@ -18,7 +18,7 @@ use tessera_simulate::{
     input::openb,
     measure::{Silent, gpus_needed, replay},
     policy::{Knobs, Policy},
-    report::common_shape,
+    report::{common_shape, fits_shape},
     workload::{PodSpec, Workload},
 };
 
@@ -100,14 +100,21 @@ fn main() -> anyhow::Result<()> {
     let w = load(&dir, 1)?;
     let setup = Setup::new("h100-80gb", Knobs::default())?;
     let shape = common_shape(&w.nodes).context("the node list has no GPU node")?;
+    // As the report does: pods no node of the shape holds are left out.
+    let fitting: Vec<PodSpec> = w
+        .pods
+        .iter()
+        .filter(|p| fits_shape(p, &shape))
+        .cloned()
+        .collect();
     println!(
-        "GPUs needed on openb default ({} pods, nodes of {} GPUs), H100-80GB:",
-        w.pods.len(),
+        "GPUs needed on openb default ({} pods that fit the node shape, nodes of {} GPUs), H100-80GB:",
+        fitting.len(),
         shape.gpus
     );
     for p in Policy::ALL {
         let started = Instant::now();
-        let n = gpus_needed(&setup, p, &w.pods, &shape, 42, &mut Silent)?;
+        let n = gpus_needed(&setup, p, &fitting, &shape, 42, &mut Silent)?;
         println!(
             "  {:<14} {:>6.2} s  ({} GPUs used, {} nodes)",
             p.label(),

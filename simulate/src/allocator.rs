@@ -91,6 +91,13 @@ pub fn allocate(
     request: &DeviceRequest,
 ) -> Option<Vec<Chosen>> {
     let candidates = pool.candidates(&request.selector);
+    if request.count == 1 {
+        // One device: the search without its bookkeeping (the common case, and the one
+        // the scheduler runs for every node of every pod).
+        return candidates
+            .iter()
+            .find_map(|&i| one(pool, state, request, i));
+    }
     let mut counters = state.counters.clone();
     let mut chosen = Vec::with_capacity(request.count as usize);
     search(
@@ -149,6 +156,30 @@ fn search(
         }
     }
     false
+}
+
+/// Device `i` for a one-device request, with what it consumes, if it fits.
+fn one(
+    pool: &Pool,
+    state: &AllocatedState,
+    request: &DeviceRequest,
+    i: usize,
+) -> Option<Vec<Chosen>> {
+    let d = &pool.devices[i];
+    if !d.multi && state.in_use[i] {
+        return None;
+    }
+    let consumed = if d.multi {
+        consume_capacity(pool, state, i, request)?
+    } else {
+        Vec::new()
+    };
+    counters_allow(pool, &state.counters, i).then(|| {
+        vec![Chosen {
+            device: i,
+            consumed,
+        }]
+    })
 }
 
 fn counters_allow(pool: &Pool, counters: &[u64], device: usize) -> bool {

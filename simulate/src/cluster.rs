@@ -266,6 +266,11 @@ impl<'s> Cluster<'s> {
         Ok(true)
     }
 
+    /// GPUs holding at least one device now.
+    pub fn gpus_used(&self) -> u64 {
+        self.nodes.iter().map(SimNode::gpus_used).sum()
+    }
+
     /// The cluster's use now.
     pub fn usage(&self) -> Usage {
         let mut u = Usage {

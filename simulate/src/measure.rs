@@ -247,7 +247,7 @@ pub fn replay(
                 leaving.push(std::cmp::Reverse((t, id)));
             }
             if pod.gpus > 0 {
-                peak = peak.max(cluster.usage().gpus_used);
+                peak = peak.max(cluster.gpus_used());
             }
         } else {
             failed += 1;

@@ -412,6 +412,11 @@ impl SimNode {
         }
     }
 
+    /// GPUs holding at least one device.
+    pub fn gpus_used(&self) -> u64 {
+        self.holds.iter().filter(|n| **n > 0).count() as u64
+    }
+
     /// Milli-GPU held on each GPU.
     pub fn gpu_milli_held(&self) -> Vec<u32> {
         let mut out = vec![0u32; self.gpus.len()];
