@@ -150,6 +150,8 @@ pub struct Cluster<'s> {
     requested_milli: u64,
     /// GPUs the Adaptive planner moved.
     pub moves: u64,
+    /// An empty node per GPU count, built once.
+    empty: BTreeMap<u32, SimNode>,
 }
 
 impl<'s> Cluster<'s> {
@@ -163,6 +165,7 @@ impl<'s> Cluster<'s> {
             placed: BTreeMap::new(),
             requested_milli: 0,
             moves: 0,
+            empty: BTreeMap::new(),
         }
     }
 
@@ -176,17 +179,25 @@ impl<'s> Cluster<'s> {
 
     /// Adds a node.
     pub fn add_node(&mut self, spec: &NodeSpec) -> Result<(), SimError> {
-        let order = match self.policy {
-            Policy::MigFirstFit => Order::Canonical,
-            _ => Order::Tessera,
+        let node = match self.empty.get(&spec.gpus) {
+            Some(template) => template.like(spec),
+            None => {
+                let order = match self.policy {
+                    Policy::MigFirstFit => Order::Canonical,
+                    _ => Order::Tessera,
+                };
+                let node = SimNode::new(
+                    spec,
+                    self.setup.model,
+                    self.policy.initial_strategy(),
+                    order,
+                    self.setup.knobs,
+                )?;
+                self.empty.insert(spec.gpus, node.clone());
+                node
+            }
         };
-        self.nodes.push(SimNode::new(
-            spec,
-            self.setup.model,
-            self.policy.initial_strategy(),
-            order,
-            self.setup.knobs,
-        )?);
+        self.nodes.push(node);
         Ok(())
     }
 

@@ -133,6 +133,18 @@ impl SimNode {
         Ok(node)
     }
 
+    /// An empty node like this one (which must be empty) with the name and resources of
+    /// `spec`: the same GPUs publish the same devices on any node, so a cluster builds
+    /// each node shape once.
+    pub fn like(&self, spec: &NodeSpec) -> Self {
+        Self {
+            name: spec.name.clone(),
+            cpu_milli: spec.cpu_milli,
+            memory_mib: spec.memory_mib,
+            ..self.clone()
+        }
+    }
+
     /// Number of GPUs.
     pub fn gpu_count(&self) -> u32 {
         u32::try_from(self.gpus.len()).unwrap_or(u32::MAX)

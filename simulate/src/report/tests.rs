@@ -250,3 +250,29 @@ fn the_common_shape_is_the_most_frequent_gpu_node() {
     assert_eq!(common_shape(&nodes).unwrap().gpus, 8);
     assert!(common_shape(&[]).is_none());
 }
+
+#[test]
+fn a_node_cloned_from_the_shape_publishes_what_a_node_built_for_it_does() {
+    let s = setup();
+    let mut c = Cluster::new(&s, Policy::MigTessera, 1);
+    c.add_node(&shape(2)).unwrap();
+    let other = NodeSpec {
+        name: "other".into(),
+        cpu_milli: 8000,
+        ..shape(2)
+    };
+    c.add_node(&other).unwrap();
+    let built = crate::node::SimNode::new(
+        &other,
+        s.model,
+        tessera_api::policy::SharingStrategy::Mig,
+        crate::node::Order::Tessera,
+        s.knobs,
+    )
+    .unwrap();
+    assert_eq!(c.nodes[1].pool, built.pool);
+    assert_eq!(
+        (c.nodes[1].name.as_str(), c.nodes[1].cpu_milli),
+        ("other", 8000)
+    );
+}
