@@ -13,7 +13,7 @@ use tessera_simulate::{
     chart::render_svg,
     input::{csv, openb},
     measure::Progress,
-    policy::{Knobs, Policy},
+    policy::{Knobs, Policy, Scoring},
     report::{Options, render_table, run as simulate},
     workload::Workload,
 };
@@ -51,6 +51,15 @@ impl From<PolicyArg> for Policy {
             PolicyArg::AdaptiveFit => Policy::AdaptiveFit,
         }
     }
+}
+
+/// NodeResourcesFit's scoring strategy on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ScoringArg {
+    /// Spread (the default scheduler).
+    LeastAllocated,
+    /// Pack onto the fullest nodes.
+    MostAllocated,
 }
 
 /// Arguments of `simulate`.
@@ -92,6 +101,9 @@ pub struct SimulateArgs {
     /// before the pod takes MPS instead.
     #[arg(long, default_value_t = Knobs::default().mig_waste_milli)]
     mig_waste: u32,
+    /// The scheduler's NodeResourcesFit scoring strategy (its KubeSchedulerConfiguration).
+    #[arg(long, value_enum, default_value_t = ScoringArg::LeastAllocated)]
+    scoring: ScoringArg,
     /// Seed of the scheduler's tie-breaks.
     #[arg(long, default_value_t = FIRST_SEED)]
     seed: u64,
@@ -166,6 +178,10 @@ pub fn run(a: &SimulateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         knobs: Knobs {
             mps_max_clients: a.mps_max_clients.max(1),
             mig_waste_milli: a.mig_waste,
+            scoring: match a.scoring {
+                ScoringArg::LeastAllocated => Scoring::LeastAllocated,
+                ScoringArg::MostAllocated => Scoring::MostAllocated,
+            },
         },
         policies,
         seeds: (FIRST_SEED..FIRST_SEED + a.seeds).collect(),

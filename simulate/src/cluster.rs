@@ -161,7 +161,7 @@ impl<'s> Cluster<'s> {
             setup,
             policy,
             nodes: Vec::new(),
-            scheduler: Scheduler::new(seed),
+            scheduler: Scheduler::new(seed, setup.knobs.scoring),
             placed: BTreeMap::new(),
             requested_milli: 0,
             moves: 0,
@@ -172,7 +172,7 @@ impl<'s> Cluster<'s> {
     /// The same cluster with the scheduler's tie-breaks drawn from `seed`.
     pub fn reseeded(&self, seed: u64) -> Self {
         Self {
-            scheduler: Scheduler::new(seed),
+            scheduler: Scheduler::new(seed, self.setup.knobs.scoring),
             ..self.clone()
         }
     }

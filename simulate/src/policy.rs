@@ -92,6 +92,19 @@ pub struct Knobs {
     /// Adaptive: a sharing pod takes MIG when its profile gives it at most this much
     /// compute beyond its share (milli-GPU), else MPS.
     pub mig_waste_milli: u32,
+    /// The scheduler's NodeResourcesFit scoring strategy.
+    pub scoring: Scoring,
+}
+
+/// NodeResourcesFit's `scoringStrategy.type` (KubeSchedulerConfiguration).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Scoring {
+    /// `LeastAllocated`, the default: spread pods over nodes.
+    #[default]
+    LeastAllocated,
+    /// `MostAllocated`: pack pods onto the fullest nodes.
+    MostAllocated,
 }
 
 impl Default for Knobs {
@@ -101,6 +114,7 @@ impl Default for Knobs {
             // (gpu-hardware.md §8.1); the default covers the trace's smallest shares.
             mps_max_clients: 48,
             mig_waste_milli: 50,
+            scoring: Scoring::LeastAllocated,
         }
     }
 }

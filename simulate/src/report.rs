@@ -313,8 +313,8 @@ pub fn render_table(r: &Report) -> String {
     let _ = writeln!(
         s,
         "\nGPUs needed to place every pod (list order, no departures; the cluster grows by \
-         nodes of {} GPUs, {} mCPU, {} MiB):",
-        r.node_shape.gpus, r.node_shape.cpu_milli, r.node_shape.memory_mib
+         nodes of {} GPUs, {} mCPU, {} MiB; scheduler scoring {:?}):",
+        r.node_shape.gpus, r.node_shape.cpu_milli, r.node_shape.memory_mib, r.knobs.scoring
     );
     let _ = writeln!(
         s,

@@ -7,7 +7,8 @@
 //!   DynamicResources filter finds an allocation ([`crate::allocator`]).
 //! - **Score** with the default profile's plugins that tell these pods' nodes apart:
 //!   NodeResourcesFit `LeastAllocated` over CPU and memory (weight 1 each,
-//!   `noderesources/least_allocated.go`) and NodeResourcesBalancedAllocation
+//!   `noderesources/least_allocated.go`; `MostAllocated`, `most_allocated.go`, when the
+//!   run asks for that scheduler configuration) and NodeResourcesBalancedAllocation
 //!   (`noderesources/balanced_allocation.go`), plugin weight 1 each. DynamicResources'
 //!   Score only ranks which `firstAvailable` subrequest a node would use
 //!   (`dynamicresources.go` `computeScore`); these claims have none, so it scores every
@@ -20,6 +21,7 @@
 use crate::{
     allocator::{Chosen, DeviceRequest},
     node::SimNode,
+    policy::Scoring,
     rng::SplitMix64,
 };
 
@@ -50,6 +52,7 @@ pub struct PodRequest<'a> {
 pub struct Scheduler {
     next_start: usize,
     rng: SplitMix64,
+    scoring: Scoring,
 }
 
 /// Where a pod goes.
@@ -73,11 +76,12 @@ pub fn feasible_nodes_to_find(nodes: usize) -> usize {
 }
 
 impl Scheduler {
-    /// A scheduler whose tie-breaks come from `seed`.
-    pub fn new(seed: u64) -> Self {
+    /// A scheduler scoring with `scoring` whose tie-breaks come from `seed`.
+    pub fn new(seed: u64, scoring: Scoring) -> Self {
         Self {
             next_start: 0,
             rng: SplitMix64::new(seed),
+            scoring,
         }
     }
 
@@ -122,7 +126,7 @@ impl Scheduler {
         let mut best: Option<(i64, Decision)> = None;
         let mut ties = 0u64;
         for d in feasible {
-            let s = score(&nodes[d.node], pod);
+            let s = score(&nodes[d.node], pod, self.scoring);
             match &best {
                 Some((b, _)) if s < *b => {}
                 Some((b, _)) if s == *b => {
@@ -142,7 +146,7 @@ impl Scheduler {
 }
 
 /// The node's total score for the pod.
-pub fn score(node: &SimNode, pod: &PodRequest<'_>) -> i64 {
+pub fn score(node: &SimNode, pod: &PodRequest<'_>, scoring: Scoring) -> i64 {
     let cpu_req = if pod.cpu_milli == 0 {
         DEFAULT_CPU_MILLI
     } else {
@@ -155,7 +159,29 @@ pub fn score(node: &SimNode, pod: &PodRequest<'_>) -> i64 {
     };
     let cpu = (node.cpu_used + cpu_req, node.cpu_milli);
     let mem = (node.memory_used + mem_req, node.memory_mib);
-    least_allocated(&[cpu, mem]) + balanced_allocation(&[cpu, mem])
+    let fit = match scoring {
+        Scoring::LeastAllocated => least_allocated(&[cpu, mem]),
+        Scoring::MostAllocated => most_allocated(&[cpu, mem]),
+    };
+    fit + balanced_allocation(&[cpu, mem])
+}
+
+/// `mostResourceScorer`: per resource `requested × 100 / capacity` (requests above
+/// capacity count as the capacity), averaged with weight 1 each.
+fn most_allocated(resources: &[(u64, u64)]) -> i64 {
+    let mut total = 0i64;
+    for &(requested, capacity) in resources {
+        let (r, c) = (
+            i64::try_from(requested).unwrap_or(i64::MAX),
+            i64::try_from(capacity).unwrap_or(i64::MAX),
+        );
+        total += if c == 0 {
+            0
+        } else {
+            r.min(c) * MAX_NODE_SCORE / c
+        };
+    }
+    total / i64::try_from(resources.len().max(1)).unwrap_or(1)
 }
 
 /// `leastResourceScorer`: per resource `(capacity − requested) × 100 / capacity` (0 when
@@ -221,6 +247,13 @@ mod tests {
         assert_eq!(empty, 90);
         assert_eq!(busy, 10);
         assert_eq!(least_allocated(&[(2, 1), (0, 0)]), 0);
+    }
+
+    #[test]
+    fn most_allocated_prefers_the_fuller_node() {
+        assert_eq!(most_allocated(&[(9000, 10000), (9216, 10240)]), 90);
+        assert_eq!(most_allocated(&[(1000, 10000), (1024, 10240)]), 10);
+        assert_eq!(most_allocated(&[(20, 10), (0, 0)]), 50);
     }
 
     #[test]

@@ -237,6 +237,34 @@ fn the_report_states_bounds_targets_and_mapping() {
 }
 
 #[test]
+fn packing_nodes_instead_of_spreading_changes_where_shares_land() {
+    // Two 1-GPU nodes, two half-GPU MPS shares: spreading puts one on each, packing both
+    // on one GPU.
+    let pods = vec![pod("a", 1, 500), pod("b", 1, 500)];
+    let nodes = [shape(1), shape(1)];
+    let used = |scoring| {
+        let s = Setup::new(
+            "h100-80gb",
+            Knobs {
+                scoring,
+                ..Knobs::default()
+            },
+        )
+        .unwrap();
+        let mut c = Cluster::new(&s, Policy::Mps, 1);
+        for n in &nodes {
+            c.add_node(n).unwrap();
+        }
+        for (i, p) in pods.iter().enumerate() {
+            assert!(c.place(i, p).unwrap());
+        }
+        c.usage().gpus_used
+    };
+    assert_eq!(used(crate::policy::Scoring::LeastAllocated), 2);
+    assert_eq!(used(crate::policy::Scoring::MostAllocated), 1);
+}
+
+#[test]
 fn the_common_shape_is_the_most_frequent_gpu_node() {
     let nodes = vec![
         shape(2),
