@@ -240,7 +240,7 @@ fn the_report_states_bounds_targets_and_mapping() {
 fn packing_nodes_instead_of_spreading_changes_where_shares_land() {
     // Two 1-GPU nodes, two half-GPU MPS shares: spreading puts one on each, packing both
     // on one GPU.
-    let pods = vec![pod("a", 1, 500), pod("b", 1, 500)];
+    let pods = [pod("a", 1, 500), pod("b", 1, 500)];
     let nodes = [shape(1), shape(1)];
     let used = |scoring| {
         let s = Setup::new(
