@@ -84,6 +84,16 @@ pub fn render_svg(r: &Report) -> String {
             TOP + plot_h + 18.0,
             escape(x.policy.label())
         );
+        if x.unplaceable > 0 {
+            // A bar of a run that left pods out is not comparable; say so under it.
+            let _ = writeln!(
+                s,
+                r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#c0392b" font-size="10">{} unplaced</text>"##,
+                x0 + bar / 2.0,
+                TOP + plot_h + 32.0,
+                x.unplaceable
+            );
+        }
     }
     for (label, v, colour) in [
         ("MIG lower bound", r.bounds.mig, "#c0392b"),
