@@ -28,6 +28,10 @@ use crate::{
     workload::NodeSpec,
 };
 
+/// Pods a node takes: the kubelet's `--max-pods` default, which the node reports as
+/// its allocatable `pods`.
+pub const MAX_PODS: usize = 110;
+
 /// Which order the node's devices are published in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Order {
@@ -319,10 +323,12 @@ impl SimNode {
         self.state = state;
     }
 
-    /// Whether the node's CPU and memory hold `cpu` and `memory` more
-    /// (NodeResourcesFit's filter).
+    /// Whether the node holds one more pod of `cpu` and `memory` (NodeResourcesFit's
+    /// filter, `noderesources/fit.go` `fitsRequest`: the pod count, then each resource).
     pub fn fits(&self, cpu: u64, memory: u64) -> bool {
-        self.cpu_used + cpu <= self.cpu_milli && self.memory_used + memory <= self.memory_mib
+        self.requests.len() < MAX_PODS
+            && self.cpu_used + cpu <= self.cpu_milli
+            && self.memory_used + memory <= self.memory_mib
     }
 
     /// The allocator's answer for `request` on this node.

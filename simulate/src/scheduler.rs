@@ -3,7 +3,7 @@
 //! - **Filter** from a rotating start (`nextStartNodeIndex`), stopping once
 //!   `numFeasibleNodesToFind` nodes fit: all nodes below 100, else
 //!   `percentageOfNodesToScore` adaptive (50 − nodes/125, at least 5) percent, at least 100.
-//!   A node fits when NodeResourcesFit's filter passes (CPU and memory) and the
+//!   A node fits when NodeResourcesFit's filter passes (pod count, CPU, memory) and the
 //!   DynamicResources filter finds an allocation ([`crate::allocator`]).
 //! - **Score** with the default profile's plugins that tell these pods' nodes apart:
 //!   NodeResourcesFit `LeastAllocated` over CPU and memory (weight 1 each,

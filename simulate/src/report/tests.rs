@@ -304,3 +304,20 @@ fn a_node_cloned_from_the_shape_publishes_what_a_node_built_for_it_does() {
         ("other", 8000)
     );
 }
+
+#[test]
+fn a_node_takes_at_most_max_pods_pods() {
+    let s = setup();
+    let mut c = Cluster::new(&s, Policy::Whole, 1);
+    c.add_node(&NodeSpec {
+        cpu_milli: 1_000_000,
+        memory_mib: 1 << 30,
+        ..shape(1)
+    })
+    .unwrap();
+    let cpu_pod = pod("cpu", 0, 0);
+    for id in 0..crate::node::MAX_PODS {
+        assert!(c.place(id, &cpu_pod).unwrap(), "pod {id}");
+    }
+    assert!(!c.place(crate::node::MAX_PODS, &cpu_pod).unwrap());
+}
