@@ -80,11 +80,49 @@ fn child(dir: &std::path::Path, factor: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| a != "--bench")
+/// `cargo test --all-targets` runs this binary without `--bench`: a few pods through
+/// every policy, so the bench still builds and runs without the traces.
+fn smoke() -> anyhow::Result<()> {
+    let setup = Setup::new("h100-80gb", Knobs::default())?;
+    let shape = tessera_simulate::workload::NodeSpec {
+        name: "smoke".into(),
+        cpu_milli: 96000,
+        memory_mib: 393216,
+        gpus: 8,
+    };
+    let pods: Vec<PodSpec> = [100, 470, 810, 1000]
+        .iter()
+        .enumerate()
+        .map(|(i, m)| PodSpec {
+            name: format!("p{i}"),
+            cpu_milli: 1000,
+            memory_mib: 1024,
+            gpus: 1,
+            gpu_milli: *m,
+            arrival: 0,
+            departure: None,
+        })
         .collect();
+    for p in Policy::ALL {
+        let n = gpus_needed(&setup, p, &pods, &shape, 42, &mut Silent)?;
+        if n.usage.pods_placed != pods.len() as u64 {
+            bail!(
+                "{}: placed {} of {} pods",
+                p.label(),
+                n.usage.pods_placed,
+                pods.len()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let all: Vec<String> = std::env::args().skip(1).collect();
+    if !all.iter().any(|a| a == "--bench" || a == "--child") {
+        return smoke();
+    }
+    let args: Vec<String> = all.into_iter().filter(|a| a != "--bench").collect();
     if let [flag, factor, dir] = args.as_slice()
         && flag == "--child"
     {
