@@ -4,9 +4,10 @@
 //!
 //! - MIG: the smallest profile (fewest compute slices, then fewest memory slices; `+me`
 //!   profiles left out, they are the same slices with the media engines) whose compute
-//!   *and* memory fractions both cover the share. On a 7/8-slice GPU: up to 142 → `1g`
-//!   single-memory only up to 125 (memory), then `1g` double-memory, `2g` up to 285, `3g`
-//!   up to 428, `4g` up to 571, the whole-GPU profile above.
+//!   *and* memory fractions both cover the share. On a 7/8-slice GPU whichever of the two
+//!   is scarcer decides: `1g` single-memory up to 1/8, `1g` double-memory up to 1/7,
+//!   `2g` up to 2/8, `3g` up to 3/7, `4g` up to 4/8, the whole-GPU profile above (the
+//!   test below pins the edges).
 //! - MPS: `computePercent` = ⌈share / 10⌉ and memory = ⌈share × M / 1000⌉ MiB, where M is
 //!   the memory the plugin's MPS device advertises; the scheduler rounds the memory up to
 //!   the device's request policy.
