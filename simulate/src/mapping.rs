@@ -115,8 +115,10 @@ mod tests {
         // 1/7 of the compute is 142.86 milli.
         assert_eq!(name(142), "1g.20gb");
         assert_eq!(name(143), "2g.20gb");
-        assert_eq!(name(460), "4g.40gb");
-        assert_eq!(name(572), "7g.80gb");
+        // 2/8 of the memory, 3/7 of the compute, 4/8 of the memory.
+        assert_eq!((name(250), name(251)), ("2g.20gb", "3g.40gb"));
+        assert_eq!((name(428), name(429)), ("3g.40gb", "4g.40gb"));
+        assert_eq!((name(500), name(501)), ("4g.40gb", "7g.80gb"));
         assert_eq!(name(1000), "7g.80gb");
         assert!(mig_profile(h100(), 0).is_none() && mig_profile(h100(), 1001).is_none());
     }
