@@ -2,12 +2,14 @@
 //!
 //! - `kubectl tessera profiles [MODEL] [-o table|json] [--draw] [--from-nvml]`
 //! - `kubectl tessera gpus --backend nvml|sim [--inventory FILE] [--state FILE] [-o table|json]`
+//! - `kubectl tessera simulate (--pods FILE --nodes FILE | --scenario FILE) [-o table|json] [--svg FILE]`
 //!
 //! The library holds all logic so tests can call [`run`] with arguments and a buffer.
 
 mod draw;
 mod gpus;
 mod profiles;
+mod simulate;
 
 use std::{ffi::OsString, io::Write};
 
@@ -46,6 +48,8 @@ enum Command {
     Profiles(profiles::ProfilesArgs),
     /// The GPUs of this machine (NVML) or of a simulated node.
     Gpus(gpus::GpusArgs),
+    /// Replay a workload against a modelled cluster and compare sharing policies.
+    Simulate(simulate::SimulateArgs),
 }
 
 /// Parses `args` (the first is the program name) and runs the command, writing to `out`.
@@ -66,5 +70,6 @@ where
     match cli.command {
         Command::Profiles(a) => profiles::run(&a, out),
         Command::Gpus(a) => gpus::run(&a, out),
+        Command::Simulate(a) => simulate::run(&a, out),
     }
 }

@@ -1,0 +1,212 @@
+//! `kubectl tessera simulate`: reads the workload files, runs the simulator
+//! ([`tessera_simulate`]), prints the table or JSON and writes the chart. Progress goes to
+//! stderr so that stdout stays the report.
+
+use std::{
+    io::{IsTerminal, Write},
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use tessera_simulate::{
+    chart::render_svg,
+    input::{csv, openb},
+    measure::Progress,
+    policy::{Knobs, Policy, Scoring},
+    report::{Options, render_table, run as simulate},
+    workload::Workload,
+};
+
+use crate::Output;
+
+/// The FGD artifact's seeds (42–51), so ratios sit next to its published ones.
+const FIRST_SEED: u64 = 42;
+
+/// A policy on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PolicyArg {
+    /// Whole GPU per pod.
+    Whole,
+    /// Dynamic MIG, NVIDIA's canonical device order (first-fit baseline).
+    MigFirstFit,
+    /// Dynamic MIG, Tessera's order.
+    MigTessera,
+    /// MPS only.
+    Mps,
+    /// MIG + MPS mixed by the Adaptive planner.
+    Adaptive,
+    /// MIG + MPS mixed by a planner that sees where the waiting pod fits.
+    AdaptiveFit,
+}
+
+impl From<PolicyArg> for Policy {
+    fn from(p: PolicyArg) -> Self {
+        match p {
+            PolicyArg::Whole => Policy::Whole,
+            PolicyArg::MigFirstFit => Policy::MigFirstFit,
+            PolicyArg::MigTessera => Policy::MigTessera,
+            PolicyArg::Mps => Policy::Mps,
+            PolicyArg::Adaptive => Policy::Adaptive,
+            PolicyArg::AdaptiveFit => Policy::AdaptiveFit,
+        }
+    }
+}
+
+/// NodeResourcesFit's scoring strategy on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ScoringArg {
+    /// Spread (the default scheduler).
+    LeastAllocated,
+    /// Pack onto the fullest nodes.
+    MostAllocated,
+}
+
+/// Arguments of `simulate`.
+#[derive(Debug, Args)]
+pub struct SimulateArgs {
+    /// openb pod list (e.g. ../shared/traces/openb/openb_pod_list_default.csv).
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "nodes",
+        conflicts_with = "scenario"
+    )]
+    pods: Option<PathBuf>,
+    /// openb node list (openb_node_list_gpu_node.csv).
+    #[arg(long, value_name = "FILE", requires = "pods")]
+    nodes: Option<PathBuf>,
+    /// A scenario in Tessera's CSV format (nodes and pods in one file; see the README).
+    #[arg(long, value_name = "FILE")]
+    scenario: Option<PathBuf>,
+    /// Read nodes, GpuNodes, policies, pods and claims of a live cluster (not done yet).
+    #[arg(long)]
+    from_cluster: bool,
+    /// GPU model of the modelled nodes (catalogue key or NVML product name).
+    #[arg(long, env = "TESSERA_SIMULATE_GPU_MODEL", default_value = "h100-80gb")]
+    gpu_model: String,
+    /// Policies to compare (repeat the flag; all when absent).
+    #[arg(long = "policy", value_enum)]
+    policies: Vec<PolicyArg>,
+    /// Seeds of the FGD allocation ratio (0 skips that measure).
+    #[arg(long, default_value_t = 10)]
+    seeds: u64,
+    /// Also replay the trace as a timeline on the node list, with departures.
+    #[arg(long)]
+    replay: bool,
+    /// MPS clients per GPU.
+    #[arg(long, default_value_t = Knobs::default().mps_max_clients)]
+    mps_max_clients: u32,
+    /// MIG+MPS: the most compute (milli-GPU) a MIG profile may give beyond a pod's share
+    /// before the pod takes MPS instead.
+    #[arg(long, default_value_t = Knobs::default().mig_waste_milli)]
+    mig_waste: u32,
+    /// The scheduler's NodeResourcesFit scoring strategy (its KubeSchedulerConfiguration).
+    #[arg(long, value_enum, default_value_t = ScoringArg::LeastAllocated)]
+    scoring: ScoringArg,
+    /// Seed of the scheduler's tie-breaks.
+    #[arg(long, default_value_t = FIRST_SEED)]
+    seed: u64,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t)]
+    output: Output,
+    /// Write the chart (GPUs needed per policy with the lower bounds) as SVG to this file.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+    /// No progress on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+/// Progress on stderr, one line rewritten in place on a terminal.
+struct Stderr {
+    tty: bool,
+    last: String,
+}
+
+impl Progress for Stderr {
+    fn update(&mut self, label: &str, done: u64, total: u64) {
+        let mut err = std::io::stderr().lock();
+        if self.tty {
+            let _ = write!(err, "\r\x1b[2K{label}: {done}/{total}");
+            if done >= total {
+                let _ = writeln!(err);
+            }
+        } else if label != self.last || done >= total {
+            let _ = writeln!(err, "{label}: {done}/{total}");
+        }
+        self.last = label.to_string();
+    }
+}
+
+struct Quiet;
+
+impl Progress for Quiet {
+    fn update(&mut self, _: &str, _: u64, _: u64) {}
+}
+
+fn read(path: &Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+fn workload(a: &SimulateArgs) -> anyhow::Result<Workload> {
+    if a.from_cluster {
+        bail!(
+            "--from-cluster is not done yet; export the cluster as a scenario CSV (see the README) and pass --scenario"
+        );
+    }
+    match (&a.pods, &a.nodes, &a.scenario) {
+        (Some(p), Some(n), None) => Ok(Workload {
+            pods: openb::parse_pods(&p.display().to_string(), &read(p)?)?,
+            nodes: openb::parse_nodes(&n.display().to_string(), &read(n)?)?,
+        }),
+        (None, None, Some(s)) => Ok(csv::parse(&s.display().to_string(), &read(s)?)?),
+        _ => bail!("give --pods and --nodes (openb lists) or --scenario (Tessera's CSV)"),
+    }
+}
+
+/// Runs `simulate`.
+pub fn run(a: &SimulateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let w = workload(a)?;
+    let policies: Vec<Policy> = if a.policies.is_empty() {
+        Policy::ALL.to_vec()
+    } else {
+        a.policies.iter().map(|p| Policy::from(*p)).collect()
+    };
+    let opts = Options {
+        model: a.gpu_model.clone(),
+        knobs: Knobs {
+            mps_max_clients: a.mps_max_clients.max(1),
+            mig_waste_milli: a.mig_waste,
+            scoring: match a.scoring {
+                ScoringArg::LeastAllocated => Scoring::LeastAllocated,
+                ScoringArg::MostAllocated => Scoring::MostAllocated,
+            },
+        },
+        policies,
+        seeds: (FIRST_SEED..FIRST_SEED + a.seeds).collect(),
+        replay: a.replay,
+        seed: a.seed,
+    };
+    let report = if a.quiet {
+        simulate(&w, &opts, &mut Quiet)?
+    } else {
+        simulate(
+            &w,
+            &opts,
+            &mut Stderr {
+                tty: std::io::stderr().is_terminal(),
+                last: String::new(),
+            },
+        )?
+    };
+    match a.output {
+        Output::Table => write!(out, "{}", render_table(&report))?,
+        Output::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?,
+    }
+    if let Some(path) = &a.svg {
+        std::fs::write(path, render_svg(&report))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
