@@ -21,7 +21,10 @@ use std::{
     time::Duration,
 };
 
-use tessera_api::{gpunode::GpuHealth, policy::SharingStrategy};
+use tessera_api::{
+    gpunode::{GpuHealth, GpuState},
+    policy::SharingStrategy,
+};
 
 use crate::{
     demand::{Demand, Shape},
@@ -203,19 +206,28 @@ fn gpus_for(strategy: SharingStrategy, need: &Need, mps_clients: Option<i32>) ->
     .max(1)
 }
 
+/// The GPU's state as its plugin reports it.
+fn gpu_state<'s>(snapshot: &'s Snapshot, node: &str, index: u32) -> Option<&'s GpuState> {
+    snapshot
+        .nodes
+        .get(node)?
+        .gpus
+        .iter()
+        .find(|g| g.index == index)
+}
+
+/// Whether the GPU's model enters and leaves MIG only with a reset (A100, A30).
+fn toggle_resets(gpu: &GpuState) -> bool {
+    tessera_gpu::find_model(&gpu.product_name)
+        .is_ok_and(|m| !m.architecture.mig_toggle_without_reset())
+}
+
 /// Whether moving the GPU to `strategy` takes a GPU reset: an A100 or A30 entering or
 /// leaving MIG.
 fn needs_reset(snapshot: &Snapshot, node: &str, index: u32, strategy: SharingStrategy) -> bool {
-    let Some(gpu) = snapshot
-        .nodes
-        .get(node)
-        .and_then(|n| n.gpus.iter().find(|g| g.index == index))
-    else {
-        return false;
-    };
-    let toggle_resets = tessera_gpu::find_model(&gpu.product_name)
-        .is_ok_and(|m| !m.architecture.mig_toggle_without_reset());
-    toggle_resets && gpu.mig_enabled != (strategy == SharingStrategy::Mig)
+    gpu_state(snapshot, node, index).is_some_and(|gpu| {
+        toggle_resets(gpu) && gpu.mig_enabled != (strategy == SharingStrategy::Mig)
+    })
 }
 
 /// Whether the GPU can take `strategy`: MIG needs a MIG-capable GPU, and on one that
@@ -228,21 +240,16 @@ fn can_take(
     strategy: SharingStrategy,
     allow_reset: bool,
 ) -> bool {
-    let Some(gpu) = snapshot
-        .nodes
-        .get(node)
-        .and_then(|n| n.gpus.iter().find(|g| g.index == index))
-    else {
+    let Some(gpu) = gpu_state(snapshot, node, index) else {
         return false;
     };
     if gpu.health == GpuHealth::Unhealthy {
         return false;
     }
-    let needs_reset = tessera_gpu::find_model(&gpu.product_name)
-        .is_ok_and(|m| !m.architecture.mig_toggle_without_reset());
+    let resets = toggle_resets(gpu);
     match strategy {
-        SharingStrategy::Mig => gpu.mig_capable && (gpu.mig_enabled || !needs_reset || allow_reset),
-        _ => !(gpu.mig_enabled && needs_reset) || allow_reset,
+        SharingStrategy::Mig => gpu.mig_capable && (gpu.mig_enabled || !resets || allow_reset),
+        _ => !(gpu.mig_enabled && resets) || allow_reset,
     }
 }
 

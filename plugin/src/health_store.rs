@@ -9,42 +9,13 @@
 //! that index has another UUID (it was replaced). An admin who repaired a GPU without a
 //! reboot deletes the file and restarts the plugin.
 
-use std::{
-    collections::BTreeMap,
-    fs,
-    io::Write,
-    path::{Path, PathBuf},
-};
+use std::{collections::BTreeMap, path::PathBuf};
 
 use serde::{Deserialize, Serialize};
 use tessera_gpu::backend::GpuInfo;
 
-use crate::status::GpuHealthState;
-
-/// Reading or writing the record failed.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// A file operation failed.
-    #[error("{action} {}", .path.display())]
-    Io {
-        /// What was being done.
-        action: &'static str,
-        /// The file.
-        path: PathBuf,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The file is not a health record.
-    #[error("{} is not a GPU health record", .path.display())]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// Cause.
-        #[source]
-        source: serde_json::Error,
-    },
-}
+pub use crate::record_file::Error;
+use crate::{record_file::RecordFile, status::GpuHealthState};
 
 #[derive(Debug, Default, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -65,7 +36,7 @@ struct Fault {
 /// The record of faulty GPUs of one node.
 #[derive(Clone, Debug)]
 pub struct HealthStore {
-    path: PathBuf,
+    file: RecordFile,
     boot_id: Option<String>,
 }
 
@@ -73,24 +44,18 @@ impl HealthStore {
     /// The record at `path`, for the boot `boot_id` (`None`: unknown, records never void).
     pub fn new(path: impl Into<PathBuf>, boot_id: Option<String>) -> Self {
         Self {
-            path: path.into(),
+            file: RecordFile::new(path.into(), "GPU faults"),
             boot_id,
         }
     }
 
     /// The faults recorded in this boot for GPUs that are still the same hardware.
     pub fn load(&self, gpus: &[GpuInfo]) -> Result<BTreeMap<u32, GpuHealthState>, Error> {
-        let text = match fs::read_to_string(&self.path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
-            Err(source) => return Err(self.io("reading", source)),
+        let Some(record) = self.file.read::<Record>()? else {
+            return Ok(BTreeMap::new());
         };
-        let record: Record = serde_json::from_str(&text).map_err(|source| Error::Parse {
-            path: self.path.clone(),
-            source,
-        })?;
         if self.boot_id.is_some() && record.boot_id != self.boot_id {
-            tracing::info!(path = %self.path.display(), "the node rebooted since the recorded GPU faults; they are cleared");
+            tracing::info!(path = %self.file.path().display(), "the node rebooted since the recorded GPU faults; they are cleared");
             return Ok(BTreeMap::new());
         }
         Ok(current_faults(&record, gpus))
@@ -119,19 +84,7 @@ impl HealthStore {
                 })
                 .collect(),
         };
-        let text = serde_json::to_string_pretty(&record).unwrap_or_default();
-        if fs::read_to_string(&self.path).is_ok_and(|old| old == text) {
-            return Ok(());
-        }
-        write_atomic(&self.path, text.as_bytes()).map_err(|source| self.io("writing", source))
-    }
-
-    fn io(&self, action: &'static str, source: std::io::Error) -> Error {
-        Error::Io {
-            action,
-            path: self.path.clone(),
-            source,
-        }
+        self.file.write(&record)
     }
 }
 
@@ -158,18 +111,6 @@ fn current_faults(record: &Record, gpus: &[GpuInfo]) -> BTreeMap<u32, GpuHealthS
             })
         })
         .collect()
-}
-
-/// Temp file, fsync, rename: the record is whole or absent after a crash.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    if let Some(dir) = path.parent() {
-        fs::create_dir_all(dir)?;
-    }
-    let tmp = path.with_extension("json.tmp");
-    let mut f = fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    fs::rename(&tmp, path)
 }
 
 #[cfg(test)]

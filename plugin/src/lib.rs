@@ -25,6 +25,7 @@ pub mod node;
 pub mod offer_store;
 pub use tessera_api::quantity;
 pub mod ratelimit;
+pub mod record_file;
 pub mod slices;
 pub mod state;
 pub mod status;

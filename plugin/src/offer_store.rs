@@ -7,41 +7,13 @@
 //! scheduler decided before the restart. Each record names the GPU's UUID: a GPU
 //! replaced at that index starts afresh.
 
-use std::{
-    collections::BTreeMap,
-    fs,
-    path::{Path, PathBuf},
-};
+use std::{collections::BTreeMap, path::PathBuf};
 
 use serde::{Deserialize, Serialize};
 use tessera_gpu::backend::GpuInfo;
 
-use crate::slices::GpuOffer;
-
-/// Reading or writing the record failed.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// A file operation failed.
-    #[error("{action} {}", .path.display())]
-    Io {
-        /// What was being done.
-        action: &'static str,
-        /// The file.
-        path: PathBuf,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The file is not an offer record.
-    #[error("{} is not a record of the GPUs' offers", .path.display())]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// Cause.
-        #[source]
-        source: serde_json::Error,
-    },
-}
+pub use crate::record_file::Error;
+use crate::{record_file::RecordFile, slices::GpuOffer};
 
 #[derive(Debug, Default, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -60,27 +32,23 @@ struct Entry {
 /// The record of one node's applied offers.
 #[derive(Clone, Debug)]
 pub struct OfferStore {
-    path: PathBuf,
+    file: RecordFile,
 }
 
 impl OfferStore {
     /// The record at `path`.
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        Self { path: path.into() }
+        Self {
+            file: RecordFile::new(path.into(), "the GPUs' offers"),
+        }
     }
 
     /// The offers recorded for `gpus` (a GPU with another UUID at its index has none);
     /// no file: none.
     pub fn load(&self, gpus: &[GpuInfo]) -> Result<BTreeMap<u32, GpuOffer>, Error> {
-        let text = match fs::read_to_string(&self.path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
-            Err(source) => return Err(self.io("reading", source)),
+        let Some(record) = self.file.read::<Record>()? else {
+            return Ok(BTreeMap::new());
         };
-        let record: Record = serde_json::from_str(&text).map_err(|source| Error::Parse {
-            path: self.path.clone(),
-            source,
-        })?;
         Ok(record
             .gpus
             .into_iter()
@@ -106,31 +74,15 @@ impl OfferStore {
                 })
                 .collect(),
         };
-        let text = serde_json::to_string_pretty(&record).unwrap_or_default();
-        if fs::read_to_string(&self.path).is_ok_and(|old| old == text) {
-            return Ok(());
-        }
-        crate::health_store::write_atomic(&self.path, text.as_bytes())
-            .map_err(|source| self.io("writing", source))
-    }
-
-    /// Where the record lives.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    fn io(&self, action: &'static str, source: std::io::Error) -> Error {
-        Error::Io {
-            action,
-            path: self.path.clone(),
-            source,
-        }
+        self.file.write(&record)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use tessera_gpu::find_model;
+
+    use std::fs;
 
     use super::*;
 
