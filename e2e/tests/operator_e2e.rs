@@ -819,6 +819,43 @@ async fn device_taints(client: &Client, node: &str) -> Vec<(String, Vec<String>)
         .collect()
 }
 
+/// Creates claim `name` with one request `request` of `class`, unallocated.
+async fn create_claim(client: &Client, name: &str, request: &str, class: &str) -> ResourceClaim {
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+    claims
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name},
+                "spec": {"devices": {"requests": [{"name": request, "exactly": {"deviceClassName": class}}]}}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap()
+}
+
+/// Writes the allocation of `device` on `node` to the claim's status, as the scheduler's
+/// PreBind does.
+async fn allocate(client: &Client, claim: &ResourceClaim, request: &str, node: &str, device: &str) {
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+    let mut allocated = claim.clone();
+    allocated.status = Some(
+        serde_json::from_value(json!({"allocation": {"devices": {"results": [
+            {"request": request, "driver": "gpu.tessera.dev", "pool": node, "device": device}]}}}))
+        .unwrap(),
+    );
+    claims
+        .replace_status(
+            claim.metadata.name.as_deref().unwrap(),
+            &PostParams::default(),
+            &allocated,
+        )
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn an_allocation_made_while_a_gpu_changes_shape_wins_and_the_change_waits_for_it() {
     let (cp, client) = setup().await;
@@ -849,28 +886,8 @@ async fn an_allocation_made_while_a_gpu_changes_shape_wins_and_the_change_waits_
     // The race: an allocation of the old device the scheduler decided before it saw the
     // fence lands now (written as the scheduler would, in the claim's status).
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
-    let c = claims
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                "metadata": {"name": "raced"},
-                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]}}
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    let mut allocated = c.clone();
-    allocated.status = Some(
-        serde_json::from_value(json!({"allocation": {"devices": {"results": [
-            {"request": "gpu", "driver": "gpu.tessera.dev", "pool": "l4-1", "device": "gpu-0"}]}}}))
-        .unwrap(),
-    );
-    claims
-        .replace_status("raced", &PostParams::default(), &allocated)
-        .await
-        .unwrap();
+    let c = create_claim(&client, "raced", "gpu", "gpu.tessera.dev").await;
+    allocate(&client, &c, "gpu", "l4-1", "gpu-0").await;
 
     // The allocation wins: the old shape stays, unfenced, and the GpuNode says why.
     let gpunodes: Api<GpuNode> = Api::all(client.clone());
@@ -1236,28 +1253,8 @@ async fn an_adaptive_move_a_claim_races_is_held_back_and_another_idle_gpu_takes_
     // The race: an allocation of one of those devices, decided by the scheduler before
     // it saw the fence, lands now.
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
-    let c = claims
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                "metadata": {"name": "raced"},
-                "spec": {"devices": {"requests": [{"name": "mig", "exactly": {"deviceClassName": "mig.tessera.dev"}}]}}
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    let mut allocated = c.clone();
-    allocated.status = Some(
-        serde_json::from_value(json!({"allocation": {"devices": {"results": [
-            {"request": "mig", "driver": "gpu.tessera.dev", "pool": "h100-1", "device": fenced_device}]}}}))
-        .unwrap(),
-    );
-    claims
-        .replace_status("raced", &PostParams::default(), &allocated)
-        .await
-        .unwrap();
+    let c = create_claim(&client, "raced", "mig", "mig.tessera.dev").await;
+    allocate(&client, &c, "mig", "h100-1", &fenced_device).await;
 
     // The allocation wins: GPU 0 stays MIG (its spec taken back), and the operator plans
     // again: GPU 1 becomes MPS and the pod runs there.
@@ -1464,18 +1461,7 @@ async fn a_pod_being_bound_to_the_node_keeps_the_fence_across_a_plugin_restart_u
     // A pod the scheduler is binding to this node: nominated to it, not bound, its claim
     // not yet allocated. (It names another scheduler, so the test plays the scheduler.)
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
-    let claim = claims
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                "metadata": {"name": "binding-gpu"},
-                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]}}
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
+    let claim = create_claim(&client, "binding-gpu", "gpu", "gpu.tessera.dev").await;
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
     pods.create(
         &PostParams::default(),
@@ -1539,16 +1525,7 @@ async fn a_pod_being_bound_to_the_node_keeps_the_fence_across_a_plugin_restart_u
     );
 
     // The scheduler's PreBind writes the allocation of the old device: it wins.
-    let mut allocated = claim.clone();
-    allocated.status = Some(
-        serde_json::from_value(json!({"allocation": {"devices": {"results": [
-            {"request": "gpu", "driver": "gpu.tessera.dev", "pool": "l4-1", "device": "gpu-0"}]}}}))
-        .unwrap(),
-    );
-    claims
-        .replace_status("binding-gpu", &PostParams::default(), &allocated)
-        .await
-        .unwrap();
+    allocate(&client, &claim, "gpu", "l4-1", "gpu-0").await;
     applied_saying(&client, "l4-1", "waits for claim(s) workloads/binding-gpu").await;
     assert_eq!(
         device_taints(&client, "l4-1").await,
