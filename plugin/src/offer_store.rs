@@ -80,9 +80,9 @@ impl OfferStore {
 
 #[cfg(test)]
 mod tests {
-    use tessera_gpu::find_model;
-
     use std::fs;
+
+    use tessera_gpu::find_model;
 
     use super::*;
 
