@@ -1,8 +1,10 @@
 //! A simulated GPU node for end-to-end tests: the real kubelet code
 //! ([`HollowKubelet`]), which registers the Node, and a real `tessera-plugin` process with
-//! the simulated backend in that kubelet's plugin directories, running under the
-//! `tessera-plugin` ServiceAccount (so its RBAC is exercised). The kubelet registers the
-//! plugin through its own client and drives every prepare and unprepare.
+//! its production NVML backend on the simulated NVIDIA driver ([`SimRoot`]: the node's
+//! `libnvidia-ml.so.1`, `nvidia-smi` and `nvidia-cuda-mps-control`) in that kubelet's
+//! plugin directories, running under the `tessera-plugin` ServiceAccount (so its RBAC is
+//! exercised). The kubelet registers the plugin through its own client and drives every
+//! prepare and unprepare.
 
 use std::{
     path::PathBuf,
@@ -13,6 +15,7 @@ use std::{
 use anyhow::{Context, bail};
 
 use tessera_plugin::kubelet::{client::RegistrationClient, proto::registration::PluginInfo};
+use tessera_simdriver::SimRoot;
 
 use crate::{ControlPlane, cluster, kubelet::HollowKubelet, repo_root, wait::eventually};
 
@@ -23,6 +26,19 @@ const REGISTER_TIMEOUT: Duration = Duration::from_secs(60);
 /// target directory (`cargo xtask test` builds it first).
 pub fn plugin_binary() -> anyhow::Result<PathBuf> {
     crate::process::workspace_binary("tessera-plugin", "TESSERA_PLUGIN_BIN")
+}
+
+/// Where cargo put the simulated driver (`cargo build -p tessera-simdriver --lib --bins`;
+/// `cargo xtask test` does): next to `nvidia-smi`, or `$TESSERA_SIMDRIVER_DIR`.
+pub fn simdriver_built() -> anyhow::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("TESSERA_SIMDRIVER_DIR") {
+        return Ok(dir.into());
+    }
+    let smi = crate::process::workspace_binary("nvidia-smi", "TESSERA_SIMDRIVER_SMI")?;
+    Ok(smi
+        .parent()
+        .context("nvidia-smi has no directory")?
+        .to_path_buf())
 }
 
 /// One simulated node.
@@ -75,7 +91,7 @@ impl SimNode {
         std::fs::create_dir_all(root.join("state"))?;
         std::fs::create_dir_all(run.path().join("cdi"))?;
         std::fs::write(root.join("boot_id"), uuid::Uuid::new_v4().to_string())?;
-        std::fs::write(root.join("inventory.yaml"), inventory)?;
+        SimRoot::new(root.join("driver")).install(inventory, &simdriver_built()?)?;
         let kubeconfig = root.join("plugin.kubeconfig");
         cluster::node_bound_kubeconfig(cp, "tessera-system", "tessera-plugin", name, &kubeconfig)
             .await?;
@@ -151,10 +167,11 @@ impl SimNode {
             .create(true)
             .append(true)
             .open(self.log_path())?;
+        let driver = self.driver();
         let child = Command::new(plugin_binary()?)
-            .args(["--node-name", &self.name, "--backend", "sim"])
-            .arg("--sim-inventory")
-            .arg(self.root.join("inventory.yaml"))
+            .args(["--node-name", &self.name, "--backend", "nvml"])
+            .arg("--nvidia-driver-root")
+            .arg(driver.path())
             .arg("--registry-dir")
             .arg(self.kubelet.registry_dir())
             .arg("--plugins-dir")
@@ -167,7 +184,7 @@ impl SimNode {
             .arg(self.root.join("boot_id"))
             // Where the simulated driver publishes its MIG capability files.
             .arg("--nvidia-caps-root")
-            .arg(self.root.join("driver-capabilities"))
+            .arg(driver.caps_root())
             .arg("--metrics-address")
             .arg(format!("127.0.0.1:{}", self.metrics_port))
             .arg("--kubeconfig")
@@ -255,6 +272,7 @@ impl SimNode {
             .context("the simulated hardware has no state file yet")?;
         for g in &mut state.gpus {
             g.instances.clear();
+            // Its MPS daemon sees itself forgotten and exits, as a reboot ends it.
             g.mps = None;
             g.compute_mode = tessera_gpu::backend::ComputeMode::Default;
             g.mig_enabled = g.mig_pending;
@@ -287,24 +305,29 @@ impl SimNode {
         self.run.path().join("cdi")
     }
 
-    /// Plugin state directory (checkpoint, simulated hardware).
+    /// Plugin state directory (checkpoint).
     pub fn state_dir(&self) -> PathBuf {
         self.root.join("state")
     }
 
+    /// The node's simulated NVIDIA driver.
+    pub fn driver(&self) -> SimRoot {
+        SimRoot::new(self.root.join("driver"))
+    }
+
     /// The simulated hardware's state file.
     pub fn sim_state(&self) -> PathBuf {
-        self.state_dir().join("sim-hardware.json")
+        self.driver().state()
     }
 
     /// The simulated hardware's inventory (YAML).
     pub fn inventory_path(&self) -> PathBuf {
-        self.root.join("inventory.yaml")
+        self.driver().inventory()
     }
 
     /// The simulator's fault-injection file.
     pub fn faults_path(&self) -> PathBuf {
-        self.state_dir().join("faults.json")
+        self.driver().faults()
     }
 
     /// The plugin's log.

@@ -16,7 +16,11 @@ use kube::{
     Api,
     runtime::{WatchStreamExt, reflector, watcher},
 };
-use tessera_gpu::backend::{BackendError, GpuBackend, nvml::NvmlBackend, sim::SimBackend};
+use tessera_gpu::backend::{
+    BackendError, GpuBackend,
+    nvml::{NvmlBackend, root::DriverRoot},
+    sim::SimBackend,
+};
 use tokio::sync::watch;
 use tracing::info;
 
@@ -125,6 +129,12 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
             .map_err(Error::Gpus)?
     };
     info!(
+        backend = backend.kind(),
+        driver = gpus
+            .gpus
+            .first()
+            .and_then(|g| g.driver_version.as_deref())
+            .unwrap_or("unknown"),
         gpus = gpus.gpus.len(),
         mig_capable = gpus.layouts.len(),
         "found GPUs"
@@ -300,9 +310,13 @@ fn backend(args: &Args) -> Result<Arc<dyn GpuBackend>, Error> {
                 })?,
             )
         }
-        BackendKind::Nvml => Arc::new(NvmlBackend::new().map_err(|source| Error::Backend {
-            backend: "NVML",
-            source,
-        })?),
+        BackendKind::Nvml => Arc::new(
+            NvmlBackend::with_driver_root(DriverRoot::new(&args.nvidia_driver_root)).map_err(
+                |source| Error::Backend {
+                    backend: "NVML",
+                    source,
+                },
+            )?,
+        ),
     })
 }

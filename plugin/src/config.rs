@@ -10,7 +10,9 @@ use clap::{Parser, ValueEnum};
 pub enum BackendKind {
     /// The NVIDIA driver through NVML (production).
     Nvml,
-    /// The simulated backend (tests, demos); needs `--sim-inventory`.
+    /// The in-process simulated backend, for running the plugin without a driver (the
+    /// test suite and the demo use the NVML backend on the simulated driver instead);
+    /// needs `--sim-inventory`.
     Sim,
 }
 
@@ -79,6 +81,14 @@ pub struct Args {
     /// Hardware backend.
     #[arg(long, env = "TESSERA_BACKEND", value_enum, default_value_t = BackendKind::Nvml)]
     pub backend: BackendKind,
+
+    /// Where the NVIDIA driver's user-space files are (with `--backend nvml`):
+    /// `libnvidia-ml.so.1` in its library directory, `nvidia-smi` and
+    /// `nvidia-cuda-mps-control` in `usr/bin`. `/` is the host's own installation (the
+    /// dynamic loader and `PATH` find them); the GPU Operator installs the driver under
+    /// `/run/nvidia/driver`.
+    #[arg(long, env = "TESSERA_NVIDIA_DRIVER_ROOT", default_value = "/")]
+    pub nvidia_driver_root: PathBuf,
 
     /// Inventory YAML of the simulated node (with `--backend sim`).
     #[arg(long, env = "TESSERA_SIM_INVENTORY", required_if_eq("backend", "sim"))]

@@ -84,6 +84,14 @@ pub fn run(args: Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         build.extend(["-p", "xtask", "--release"]);
     }
     timed(&format!("cargo {}", build.join(" ")), || cargo(&build, &[]))?;
+    // The nodes' simulated driver, at the profile of the plugin that loads it.
+    let mut driver = vec!["build", "-p", "tessera-simdriver", "--lib", "--bins"];
+    if args.release {
+        driver.push("--release");
+    }
+    timed(&format!("cargo {}", driver.join(" ")), || {
+        cargo(&driver, &[])
+    })?;
     let bins = controlplane::build(args.version)?;
 
     let target = target_dir()?.join(profile);
@@ -103,6 +111,7 @@ pub fn run(args: Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         .args(["--nodes", &args.nodes.to_string()])
         .env("TESSERA_PLUGIN_BIN", &plugin)
         .env("TESSERA_OPERATOR_BIN", &operator)
+        .env("TESSERA_SIMDRIVER_DIR", &target)
         // Measure the plugin as it runs in production: info-level logs.
         .env("TESSERA_PLUGIN_LOG", "info")
         .env("TESSERA_K8S_VERSION", bins.version.to_string())

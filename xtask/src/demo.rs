@@ -26,7 +26,7 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    println!("==> building tessera-plugin and tessera-operator");
+    println!("==> building tessera-plugin, tessera-operator and the simulated NVIDIA driver");
     cargo(
         &[
             "build",
@@ -35,6 +35,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             "tessera-plugin",
             "-p",
             "tessera-operator",
+            "--bins",
+        ],
+        &[],
+    )?;
+    cargo(
+        &[
+            "build",
+            "--quiet",
+            "-p",
+            "tessera-simdriver",
+            "--lib",
             "--bins",
         ],
         &[],

@@ -56,10 +56,11 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         Ok(())
     })?;
     let bins = bins.ok_or_else(|| anyhow::anyhow!("no binaries"))?;
-    // The end-to-end tests start the plugin and operator binaries: build them first so
-    // they never run stale ones.
+    // The end-to-end tests start the plugin and operator binaries and install the
+    // simulated driver (its library and tools) on every node: build them first so they
+    // never run stale ones.
     step(
-        "cargo build -p tessera-plugin -p tessera-operator",
+        "cargo build -p tessera-plugin -p tessera-operator -p tessera-simdriver",
         &mut || {
             cargo(
                 &[
@@ -68,7 +69,10 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
                     "tessera-plugin",
                     "-p",
                     "tessera-operator",
+                    "-p",
+                    "tessera-simdriver",
                     "--bins",
+                    "--lib",
                 ],
                 &[],
             )

@@ -247,6 +247,8 @@ pub enum Operation {
     StopMps,
     /// Reading MPS state.
     MpsState,
+    /// Setting a running MPS daemon's defaults (its `set_default_*` commands).
+    ConfigureMps,
     /// Setting compute mode.
     SetComputeMode,
     /// Setting the time-slice length.
@@ -403,7 +405,7 @@ impl std::error::Error for BackendError {
 
 /// `e` and its sources, `a: b: c`, for log lines (`Display` of an error shows only its
 /// own layer).
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+pub fn chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut cur = e.source();
     while let Some(s) = cur {

@@ -36,15 +36,19 @@ fn watch(nvml: &Nvml, events: &broadcast::Sender<HealthEvent>, stop: &AtomicBool
             return;
         }
     };
-    let mut watched = 0;
+    // Handle → (index, UUID), read while the GPUs answer: after XID 79 a lost GPU's
+    // handle can no longer tell its index, yet the event must name the GPU.
+    let mut watched: Vec<(usize, u32, Option<String>)> = Vec::new();
     for i in 0..count {
         let Ok(dev) = nvml.device_by_index(i) else {
             continue;
         };
+        let id = super::raw::handle_id(&dev);
+        let uuid = dev.uuid().ok();
         match dev.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
             Ok(s) => {
                 set = s;
-                watched += 1;
+                watched.push((id, i, uuid));
             }
             Err(e) => {
                 // A failed registration frees the set; a GPU without event support is
@@ -54,18 +58,24 @@ fn watch(nvml: &Nvml, events: &broadcast::Sender<HealthEvent>, stop: &AtomicBool
                     Ok(s) => set = s,
                     Err(_) => return,
                 }
-                watched = 0;
+                watched.clear();
             }
         }
     }
-    if watched == 0 {
+    if watched.is_empty() {
         return;
     }
     while !stop.load(Ordering::Relaxed) {
         match set.wait(1000) {
             Ok(data) => {
-                let gpu = data.device.index().unwrap_or(u32::MAX);
-                let uuid = data.device.uuid().ok();
+                let id = super::raw::handle_id(&data.device);
+                let (gpu, uuid) = match watched.iter().find(|w| w.0 == id) {
+                    Some((_, i, u)) => (*i, u.clone()),
+                    None => (
+                        data.device.index().unwrap_or(u32::MAX),
+                        data.device.uuid().ok(),
+                    ),
+                };
                 let code = match data.event_data {
                     Some(XidError::Value(v)) => v,
                     _ => 999,

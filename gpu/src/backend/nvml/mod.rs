@@ -17,6 +17,7 @@
 mod health;
 pub mod mps;
 mod raw;
+pub mod root;
 
 use std::{
     ffi::OsStr,
@@ -67,6 +68,7 @@ pub struct NvmlBackend {
     stop: Arc<AtomicBool>,
     health_started: Once,
     mps: mps::Mps,
+    root: root::DriverRoot,
 }
 
 impl Drop for NvmlBackend {
@@ -106,13 +108,24 @@ fn derived_name(compute: u32, memory_mib: u64, total_bytes: u64, suffix: &str) -
 }
 
 impl NvmlBackend {
-    /// Loads NVML from the default library path.
+    /// Loads the host's NVML (the dynamic loader's search).
     pub fn new() -> Result<Self, BackendError> {
-        Self::with_library(None)
+        Self::with_driver_root(root::DriverRoot::default())
     }
 
-    /// Loads NVML from `path` (e.g. `/run/nvidia/driver/usr/lib64/libnvidia-ml.so.1`).
+    /// Loads NVML from the driver installed under `root` and runs that driver's tools
+    /// (`nvidia-smi`, `nvidia-cuda-mps-control`) too.
+    pub fn with_driver_root(root: root::DriverRoot) -> Result<Self, BackendError> {
+        Self::load(Some(&root.library()), root)
+    }
+
+    /// Loads NVML from `path` (e.g. `/run/nvidia/driver/usr/lib64/libnvidia-ml.so.1`);
+    /// tools from `PATH`.
     pub fn with_library(path: Option<&OsStr>) -> Result<Self, BackendError> {
+        Self::load(path, root::DriverRoot::default())
+    }
+
+    fn load(path: Option<&OsStr>, root: root::DriverRoot) -> Result<Self, BackendError> {
         let mut builder = Nvml::builder();
         builder.flags(InitFlags::NO_GPUS);
         if let Some(p) = path {
@@ -130,8 +143,27 @@ impl NvmlBackend {
             events,
             stop,
             health_started: Once::new(),
-            mps: mps::Mps::default(),
+            mps: mps::Mps::new(root.tool(mps::MPS_CONTROL)),
+            root,
         })
+    }
+
+    /// Runs the driver's `nvidia-smi` with `args` for `op` on GPU `gpu`.
+    fn nvidia_smi(&self, gpu: u32, op: Operation, args: &str) -> Result<(), BackendError> {
+        let err = |k| BackendError::new(gpu, op, k);
+        let out = std::process::Command::new(self.root.tool("nvidia-smi"))
+            .args(args.split(' '))
+            .output()
+            .map_err(|e| err(ErrorKind::io(format!("running nvidia-smi {args}"), e)))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(err(ErrorKind::NvidiaSmi {
+                args: args.to_string(),
+                status: out.status,
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            }))
+        }
     }
 
     fn guard(&self) -> MutexGuard<'_, ()> {
@@ -306,15 +338,10 @@ impl GpuBackend for NvmlBackend {
     }
 
     fn reset_gpu(&self, gpu: u32) -> Result<(), BackendError> {
-        // A reset needs every client of the GPU gone and often the host's cooperation
-        // (nvidia_drm, DCGM); it is a maintenance action for `nvidia-smi -r`, not the plugin.
-        Err(BackendError::new(
-            gpu,
-            Operation::ResetGpu,
-            ErrorKind::NotSupported(
-                "run `nvidia-smi -r -i <gpu>` on the drained node, or reboot".into(),
-            ),
-        ))
+        // NVML has no public reset call; `nvidia-smi --gpu-reset` is what mig-parted runs.
+        // It refuses while any process uses the GPU, which the caller has made sure of.
+        let _g = self.guard();
+        self.nvidia_smi(gpu, Operation::ResetGpu, &format!("--gpu-reset -i {gpu}"))
     }
 
     fn mig_instances(&self, gpu: u32) -> Result<Vec<MigInstance>, BackendError> {
@@ -465,21 +492,11 @@ impl GpuBackend for NvmlBackend {
         let _g = self.guard();
         // NVML has no public call for it: `nvidia-smi compute-policy` is what NVIDIA's own
         // DRA driver runs too.
-        let args = format!("compute-policy -i {gpu} --set-timeslice={}", slice.level());
-        let err = |k| BackendError::new(gpu, Operation::SetTimeSlice, k);
-        let out = std::process::Command::new("nvidia-smi")
-            .args(args.split(' '))
-            .output()
-            .map_err(|e| err(ErrorKind::io(format!("running nvidia-smi {args}"), e)))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(err(ErrorKind::NvidiaSmi {
-                args,
-                status: out.status,
-                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            }))
-        }
+        self.nvidia_smi(
+            gpu,
+            Operation::SetTimeSlice,
+            &format!("compute-policy -i {gpu} --set-timeslice={}", slice.level()),
+        )
     }
 
     fn health_events(&self) -> broadcast::Receiver<HealthEvent> {

@@ -9,6 +9,7 @@
 use std::{
     collections::HashMap,
     io::Write,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
     sync::Mutex,
 };
@@ -19,13 +20,14 @@ use crate::backend::{ErrorKind, MpsDaemonConfig, MpsState};
 pub const MPS_CONTROL: &str = "nvidia-cuda-mps-control";
 
 /// Known daemons, by GPU index.
-#[derive(Default)]
 pub struct Mps {
+    /// The control binary of the driver in use.
+    binary: PathBuf,
     daemons: Mutex<HashMap<u32, (MpsDaemonConfig, u32)>>,
 }
 
-fn control(config: &MpsDaemonConfig, command: &str) -> Result<String, ErrorKind> {
-    let mut child = Command::new(MPS_CONTROL)
+fn control(binary: &Path, config: &MpsDaemonConfig, command: &str) -> Result<String, ErrorKind> {
+    let mut child = Command::new(binary)
         .env("CUDA_MPS_PIPE_DIRECTORY", &config.pipe_dir)
         .env("CUDA_MPS_LOG_DIRECTORY", &config.log_dir)
         .stdin(Stdio::piped())
@@ -51,6 +53,14 @@ fn control(config: &MpsDaemonConfig, command: &str) -> Result<String, ErrorKind>
 }
 
 impl Mps {
+    /// Daemons run with `binary` (`nvidia-cuda-mps-control` of the driver in use).
+    pub fn new(binary: PathBuf) -> Self {
+        Mps {
+            binary,
+            daemons: Mutex::default(),
+        }
+    }
+
     /// Starts (or adopts) the daemon of GPU `gpu` with UUID `uuid`.
     pub fn start(
         &self,
@@ -60,7 +70,7 @@ impl Mps {
     ) -> Result<MpsState, ErrorKind> {
         let mut daemons = self.daemons.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((c, pid)) = daemons.get(&gpu) {
-            if c == config && control(config, "get_server_list").is_ok() {
+            if c == config && control(&self.binary, config, "get_server_list").is_ok() {
                 return Ok(MpsState::Running {
                     pid: *pid,
                     config: c.clone(),
@@ -76,7 +86,7 @@ impl Mps {
             std::fs::create_dir_all(dir)
                 .map_err(|e| ErrorKind::io(format!("creating {}", dir.display()), e))?;
         }
-        let child = Command::new(MPS_CONTROL)
+        let mut child = Command::new(&self.binary)
             .arg("-f")
             .env("CUDA_VISIBLE_DEVICES", uuid)
             .env("CUDA_MPS_PIPE_DIRECTORY", &config.pipe_dir)
@@ -87,24 +97,39 @@ impl Mps {
             .spawn()
             .map_err(|e| ErrorKind::io(format!("starting {MPS_CONTROL} -f"), e))?;
         let pid = child.id();
-        // The daemon must outlive a plugin restart, so the child is not waited for here.
-        drop(child);
         // The control socket appears asynchronously; retry briefly, then report why the
-        // last try failed.
+        // last try failed. A daemon that exits instead (another one holds the pipe
+        // directory, the GPU refuses MPS) says why in its log, not on a terminal.
         let mut tries = 1;
-        while let Err(e) = control(config, "get_server_list") {
+        while let Err(e) = control(&self.binary, config, "get_server_list") {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(ErrorKind::MpsControl {
+                    command: "-f".into(),
+                    status,
+                    stderr: last_log_line(&config.log_dir),
+                });
+            }
             if tries == 50 {
                 return Err(e);
             }
             tries += 1;
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
+        // The daemon must outlive a plugin restart, so the child is not waited for; one
+        // that exited because another daemon already answers is reaped here.
+        let _ = child.try_wait();
+        drop(child);
         if let Some(p) = config.default_active_thread_percentage {
-            control(config, &format!("set_default_active_thread_percentage {p}"))?;
+            control(
+                &self.binary,
+                config,
+                &format!("set_default_active_thread_percentage {p}"),
+            )?;
         }
         if let Some(m) = config.default_pinned_memory_limit_mib {
             // Device 0 is the only device the daemon sees (CUDA_VISIBLE_DEVICES=<uuid>).
             control(
+                &self.binary,
                 config,
                 &format!("set_default_device_pinned_mem_limit 0 {m}M"),
             )?;
@@ -121,7 +146,7 @@ impl Mps {
         let mut daemons = self.daemons.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((config, _)) = daemons.get(&gpu) {
             // "quit" fails when the daemon is already gone: that is the goal anyway.
-            let _ = control(config, "quit");
+            let _ = control(&self.binary, config, "quit");
         }
         daemons.remove(&gpu);
         Ok(())
@@ -131,7 +156,7 @@ impl Mps {
     pub fn state(&self, gpu: u32) -> Result<MpsState, ErrorKind> {
         let daemons = self.daemons.lock().unwrap_or_else(|p| p.into_inner());
         Ok(match daemons.get(&gpu) {
-            Some((config, pid)) if control(config, "get_server_list").is_ok() => {
+            Some((config, pid)) if control(&self.binary, config, "get_server_list").is_ok() => {
                 MpsState::Running {
                     pid: *pid,
                     config: config.clone(),
@@ -140,4 +165,17 @@ impl Mps {
             _ => MpsState::Stopped,
         })
     }
+}
+
+/// The last line of the daemon's `control.log`, where MPS writes why it stopped.
+fn last_log_line(log_dir: &Path) -> String {
+    std::fs::read_to_string(log_dir.join("control.log"))
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .map(str::to_string)
+        })
+        .unwrap_or_default()
 }

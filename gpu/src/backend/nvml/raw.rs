@@ -94,6 +94,13 @@ fn cstr(buf: &[std::os::raw::c_char]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// The address of a device's NVML handle, to recognise the device an event names when
+/// the device can no longer answer queries (a GPU that fell off the bus).
+pub fn handle_id(dev: &Device<'_>) -> usize {
+    // SAFETY: reading the handle value; it is compared, never passed on.
+    unsafe { dev.handle() }.addr()
+}
+
 /// The GPU-instance profile at profile *index* `index` (an NVML enum, not the id);
 /// `Ok(None)` when the GPU does not have it.
 pub fn profile_info(

@@ -3,7 +3,9 @@
 //! built from an [`Inventory`].
 
 use std::{
-    path::PathBuf,
+    fs::File,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
     sync::{Mutex, Weak},
     time::Duration,
 };
@@ -31,9 +33,107 @@ pub(super) struct Inner {
     pub(super) latencies: SimLatencies,
     pub(super) events: broadcast::Sender<HealthEvent>,
     pub(super) caps_root: Option<PathBuf>,
+    pub(super) shared: Option<Shared>,
+}
+
+/// What identifies one version of the state file: every save writes a new file and
+/// renames it over the old one, so a new inode means another writer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime_ns: i128,
+}
+
+impl Stamp {
+    fn of(path: &Path) -> Option<Self> {
+        let m = std::fs::metadata(path).ok()?;
+        Some(Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+        })
+    }
+}
+
+/// The lock and the last-seen version of a state file other processes write too.
+pub(super) struct Shared {
+    lock: File,
+    lock_path: PathBuf,
+    seen: Option<Stamp>,
+}
+
+/// An exclusive lock on the shared state, released on drop.
+pub(super) struct Locked(File);
+
+impl Drop for Locked {
+    fn drop(&mut self) {
+        // Closing the descriptor releases the lock too; unlocking first makes the release
+        // independent of when other clones of the descriptor close.
+        let _ = self.0.unlock();
+    }
+}
+
+impl Shared {
+    pub(super) fn open(state_path: &Path) -> Result<Self, ErrorKind> {
+        let lock_path = state_path.with_extension("lock");
+        if let Some(dir) = lock_path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| ErrorKind::io(format!("creating {}", dir.display()), e))?;
+        }
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| ErrorKind::io(format!("opening {}", lock_path.display()), e))?;
+        Ok(Shared {
+            lock,
+            lock_path,
+            seen: None,
+        })
+    }
+
+    pub(super) fn lock(&self) -> Result<Locked, ErrorKind> {
+        let what = || format!("locking {}", self.lock_path.display());
+        let file = self
+            .lock
+            .try_clone()
+            .map_err(|e| ErrorKind::io(what(), e))?;
+        file.lock().map_err(|e| ErrorKind::io(what(), e))?;
+        Ok(Locked(file))
+    }
 }
 
 impl Inner {
+    /// With a shared state: takes the lock and rereads the state if another process
+    /// saved since this one last did. The lock is held until the returned guard drops.
+    pub(super) fn sync_from_disk(&mut self) -> Result<Option<Locked>, ErrorKind> {
+        let (Some(shared), Some(path)) = (&self.shared, &self.state_path) else {
+            return Ok(None);
+        };
+        let locked = shared.lock()?;
+        let now = Stamp::of(path);
+        if now != shared.seen {
+            if let Some(state) = state::load_state(path).map_err(ErrorKind::from)? {
+                self.state = state;
+            }
+            if let Some(shared) = &mut self.shared {
+                shared.seen = now;
+            }
+        }
+        Ok(Some(locked))
+    }
+
+    /// Records the state file as this process left it, so its own saves are not reread.
+    pub(super) fn remember_on_disk(&mut self) {
+        if let (Some(shared), Some(path)) = (&mut self.shared, &self.state_path) {
+            shared.seen = Stamp::of(path);
+        }
+    }
+
     /// Publishes the MIG capability files of the current instances (see [`super::caps`]).
     pub(super) fn publish_caps(&self) -> Result<(), ErrorKind> {
         let Some(root) = &self.caps_root else {
@@ -141,11 +241,13 @@ impl Inner {
             .ok_or_else(|| ErrorKind::NotFound(format!("no GPU with index {index}")))
     }
 
-    pub(super) fn save(&self) -> Result<(), StateError> {
+    pub(super) fn save(&mut self) -> Result<(), StateError> {
         match &self.state_path {
-            Some(p) => state::save_state(p, &self.state),
-            None => Ok(()),
+            Some(p) => state::save_state(p, &self.state)?,
+            None => return Ok(()),
         }
+        self.remember_on_disk();
+        Ok(())
     }
 
     pub(super) fn take_failure(&mut self, op: Operation, gpu: Option<u32>) -> Option<String> {
@@ -180,7 +282,13 @@ impl Inner {
     }
 
     /// Moves health events from the control file to the channel.
+    /// Only a process that watches health takes them: the simulated driver's tools
+    /// (`nvidia-smi`, the MPS daemon) share the file with the plugin and must leave the
+    /// plugin's events in it.
     pub(super) fn deliver_file_events(&mut self) {
+        if self.events.receiver_count() == 0 {
+            return;
+        }
         let Some(path) = self.faults_path.clone() else {
             return;
         };

@@ -36,14 +36,17 @@ pub use self::{
     state::{SimComputeInstance, SimGpu, SimGpuInstance, SimMps, SimState},
 };
 use self::{
-    inner::{Inner, init_err, mutates, spawn_event_poller, state_from_inventory},
+    inner::{Inner, Shared, init_err, mutates, spawn_event_poller, state_from_inventory},
     mig::model_of,
 };
 use super::{
     BackendError, ComputeMode, ErrorKind, GpuBackend, GpuInfo, HealthEvent, MigInstance,
-    MigModeChange, MpsDaemonConfig, MpsState, Operation, TimeSlice,
+    MigModeChange, MpsDaemonConfig, MpsState, Operation, TimeSlice, chain,
 };
 use crate::catalog::MigLayout;
+
+/// The driver version simulated GPUs report.
+pub const DRIVER_VERSION: &str = "580.0-sim";
 
 /// How to build a [`SimBackend`].
 #[derive(Clone, Debug, Default)]
@@ -59,6 +62,11 @@ pub struct SimConfig {
     /// Where to publish the MIG capability files, as the driver does under
     /// `/proc/driver/nvidia/capabilities` (see [`caps`]); not published when `None`.
     pub caps_root: Option<PathBuf>,
+    /// The state file is the hardware of several processes at once (the simulated
+    /// driver in the plugin, its `nvidia-smi` and MPS daemon): every operation holds an
+    /// exclusive lock on `<state>.lock` and rereads the state another process changed,
+    /// as every NVML client sees the one kernel driver. Needs `state_path`.
+    pub shared: bool,
 }
 
 /// The simulated backend. Cheap to share: `Arc<SimBackend>` or `Arc<dyn GpuBackend>`.
@@ -74,6 +82,22 @@ impl SimBackend {
             .latencies
             .or_else(|| config.inventory.latencies.as_ref().map(|l| l.resolve()))
             .unwrap_or_default();
+        let shared = match (&config.state_path, config.shared) {
+            (Some(p), true) => Some(Shared::open(p).map_err(init_err)?),
+            (None, true) => {
+                return Err(init_err(ErrorKind::InvalidArgument(
+                    "a shared simulated state needs a state file".into(),
+                )));
+            }
+            (_, false) => None,
+        };
+        // Held until the initial state is on disk, so two processes starting together
+        // build it once.
+        let _locked = shared
+            .as_ref()
+            .map(Shared::lock)
+            .transpose()
+            .map_err(init_err)?;
         let loaded = match &config.state_path {
             Some(p) => state::load_state(p).map_err(|e| init_err(e.into()))?,
             None => None,
@@ -90,7 +114,7 @@ impl SimBackend {
                 .map(|p| p.with_file_name("faults.json"))
         });
         let (events, _) = broadcast::channel(256);
-        let inner = Inner {
+        let mut inner = Inner {
             state,
             state_path: config.state_path,
             faults_path,
@@ -98,10 +122,13 @@ impl SimBackend {
             latencies,
             events: events.clone(),
             caps_root: config.caps_root,
+            shared,
         };
         if fresh {
             inner.save().map_err(|e| init_err(e.into()))?;
         }
+        inner.remember_on_disk();
+        drop(_locked);
         inner.publish_caps().map_err(init_err)?;
         let poll = inner.faults_path.is_some();
         let inner = Arc::new(Mutex::new(inner));
@@ -173,9 +200,51 @@ impl SimBackend {
         self.lock().deliver(event);
     }
 
+    /// Records the MPS control daemon `pid` that runs for GPU `gpu` as its own process
+    /// (see [`mps::daemon_started`]).
+    pub fn mps_daemon_started(
+        &self,
+        gpu: u32,
+        pid: u32,
+        config: &MpsDaemonConfig,
+    ) -> Result<(), BackendError> {
+        self.run(Operation::StartMps, Some(gpu), |inner| {
+            mps::daemon_started(inner, gpu, pid, config)
+        })
+    }
+
+    /// Sets the running daemon's defaults, as its `set_default_*` commands do.
+    pub fn set_mps_defaults(
+        &self,
+        gpu: u32,
+        thread_percentage: Option<u8>,
+        pinned_memory_limit_mib: Option<u64>,
+    ) -> Result<(), BackendError> {
+        self.run(Operation::ConfigureMps, Some(gpu), |inner| {
+            mps::set_daemon_defaults(inner, gpu, thread_percentage, pinned_memory_limit_mib)
+        })
+    }
+
+    /// The GPU with UUID `uuid`, by index.
+    pub fn gpu_by_uuid(&self, uuid: &str) -> Result<u32, BackendError> {
+        self.run(Operation::ListGpus, None, |inner| {
+            inner
+                .state
+                .gpus
+                .iter()
+                .find(|g| g.uuid == uuid)
+                .map(|g| g.index)
+                .ok_or_else(|| ErrorKind::NotFound(format!("no GPU with UUID {uuid}")))
+        })
+    }
+
     /// A snapshot of the whole state.
     pub fn state(&self) -> SimState {
-        self.lock().state.clone()
+        let mut inner = self.lock();
+        if let Err(e) = inner.sync_from_disk() {
+            tracing::warn!(error = %chain(&e), "could not reread the shared simulated state");
+        }
+        inner.state.clone()
     }
 
     /// The fault control file, if any.
@@ -191,6 +260,7 @@ impl SimBackend {
     ) -> Result<T, BackendError> {
         let err = |kind| BackendError::new(gpu, op, kind);
         let mut inner = self.lock();
+        let _locked = inner.sync_from_disk().map_err(err)?;
         inner.deliver_file_events();
         if let Some(msg) = inner.take_failure(op, gpu) {
             return Err(err(ErrorKind::Injected(msg)));
@@ -243,7 +313,7 @@ impl GpuBackend for SimBackend {
                         mig_enabled: g.mig_enabled,
                         mig_pending: g.mig_pending,
                         compute_mode: g.compute_mode,
-                        driver_version: Some("580.0-sim".into()),
+                        driver_version: Some(DRIVER_VERSION.into()),
                         ..GpuInfo::from_model(m, g.index)
                     })
                 })

@@ -42,6 +42,51 @@ pub(super) fn start_mps(
     })
 }
 
+/// Records an MPS control daemon that runs as its own process (the simulated driver's
+/// `nvidia-cuda-mps-control -f`), under the rules [`start_mps`] applies; it replaces the
+/// record of a daemon that is gone, which the caller has checked.
+pub(super) fn daemon_started(
+    inner: &mut Inner,
+    gpu: u32,
+    pid: u32,
+    config: &MpsDaemonConfig,
+) -> Result<(), ErrorKind> {
+    let g = inner.gpu_mut(gpu)?;
+    if g.time_slice != TimeSlice::Default {
+        return Err(ErrorKind::InUse(
+            "the GPU is shared by time-slicing; MPS and time-slicing cannot share a GPU".into(),
+        ));
+    }
+    g.mps = Some(SimMps {
+        pid,
+        config: config.clone(),
+    });
+    Ok(())
+}
+
+/// Sets the defaults (active thread percentage, pinned memory limit) of the running
+/// daemon, as `set_default_*` commands on its control pipe do.
+pub(super) fn set_daemon_defaults(
+    inner: &mut Inner,
+    gpu: u32,
+    thread_percentage: Option<u8>,
+    pinned_memory_limit_mib: Option<u64>,
+) -> Result<(), ErrorKind> {
+    let g = inner.gpu_mut(gpu)?;
+    let Some(m) = &mut g.mps else {
+        return Err(ErrorKind::NotFound(format!(
+            "no MPS control daemon runs on GPU {gpu}"
+        )));
+    };
+    if thread_percentage.is_some() {
+        m.config.default_active_thread_percentage = thread_percentage;
+    }
+    if pinned_memory_limit_mib.is_some() {
+        m.config.default_pinned_memory_limit_mib = pinned_memory_limit_mib;
+    }
+    Ok(())
+}
+
 /// Stops the MPS control daemon, if any.
 pub(super) fn stop_mps(inner: &mut Inner, gpu: u32) -> Result<(), ErrorKind> {
     inner.gpu_mut(gpu)?.mps = None;

@@ -488,3 +488,68 @@ fn time_slicing_and_mps_never_share_a_gpu_and_time_slicing_takes_only_full_gpus(
     assert!(matches!(err.kind, ErrorKind::NotSupported(_)), "{err}");
     assert_eq!(TimeSlice::Long.level(), 3);
 }
+
+fn shared(dir: &std::path::Path, yaml: &str) -> SimBackend {
+    SimBackend::new(SimConfig {
+        inventory: inv(yaml),
+        state_path: Some(dir.join("state.json")),
+        latencies: Some(SimLatencies::zero()),
+        shared: true,
+        ..SimConfig::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn processes_sharing_a_state_file_see_one_hardware() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = "gpus: [{model: h100-80gb, migEnabled: true}]";
+    let a = shared(dir.path(), yaml);
+    let b = shared(dir.path(), yaml);
+    a.create_gpu_instance(0, 9, 4).unwrap();
+    // b's next operation sees a's instance, and the rules apply to both.
+    assert_eq!(b.mig_instances(0).unwrap().len(), 1);
+    let err = b.create_gpu_instance(0, 9, 4).unwrap_err();
+    assert!(
+        matches!(err.kind, ErrorKind::InsufficientResources(_)),
+        "{err}"
+    );
+    b.create_gpu_instance(0, 9, 0).unwrap();
+    assert_eq!(a.mig_instances(0).unwrap().len(), 2);
+    assert_eq!(a.state(), b.state());
+    // Without `shared`, a second process keeps its own copy: the reason the flag exists.
+    let c = SimBackend::new(SimConfig {
+        inventory: inv(yaml),
+        state_path: Some(dir.path().join("state.json")),
+        latencies: Some(SimLatencies::zero()),
+        ..SimConfig::default()
+    })
+    .unwrap();
+    a.destroy_gpu_instance(0, 1).unwrap();
+    assert_eq!(c.mig_instances(0).unwrap().len(), 2);
+}
+
+#[test]
+fn file_health_events_wait_for_a_process_that_watches() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = "gpus: [{model: h100-80gb}]";
+    let tool = shared(dir.path(), yaml);
+    std::fs::write(
+        dir.path().join("faults.json"),
+        r#"{"healthEvents": [{"gpu": 0, "kind": {"type": "xid", "code": 48, "fatal": true}}]}"#,
+    )
+    .unwrap();
+    // A process nobody subscribed in (a driver tool) leaves the event in the file.
+    tool.gpus().unwrap();
+    let watcher = shared(dir.path(), yaml);
+    let mut rx = watcher.health_events();
+    watcher.gpus().unwrap();
+    let ev = rx.try_recv().unwrap();
+    assert_eq!(
+        ev.kind,
+        HealthEventKind::Xid {
+            code: 48,
+            fatal: true
+        }
+    );
+}
