@@ -10,7 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::{Api, Client, api::ListParams};
 use tessera_e2e::{ControlPlane, cluster, plugin::SimNode, wait::eventually};
-use tessera_gpu::backend::{GpuBackend, sim::SimBackend};
+use tessera_gpu::backend::GpuBackend;
 
 const NS: &str = "hardware";
 const WAIT: Duration = Duration::from_secs(90);
@@ -160,7 +160,8 @@ async fn mig_instances_tessera_did_not_make_are_kept_and_what_they_overlap_is_no
     // -C at placement 0): a 3g.40gb on memory slices 0-3.
     node.kill();
     {
-        let hw = SimBackend::open(&node.inventory_path(), Some(&node.sim_state())).unwrap();
+        // The node's own driver, as nvidia-smi would reach it.
+        let hw = node.driver().open().unwrap();
         hw.set_mig_mode(0, true).unwrap();
         hw.create_mig_device(0, 9, 0).unwrap();
     }
