@@ -16,6 +16,7 @@ pub mod bench_adaptive;
 pub mod bench_operator;
 pub mod binaries;
 mod certs;
+pub mod chaos;
 pub mod cluster;
 pub mod controlplane;
 pub mod demo;

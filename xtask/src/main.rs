@@ -4,9 +4,11 @@
 //!   on a real control plane (built first if needed). `.ci/run` calls exactly this.
 //! - `cargo xtask demo`: a running local cluster with Tessera's API installed.
 //! - `cargo xtask crds [--check]`: (re)generate `crds/` from the Rust types.
+//! - `cargo xtask chaos [--seed N] [--steps N]`: the fault campaign and its report.
 //! - `cargo xtask controlplane build|up|env|down`: the local control plane.
 
 mod bench;
+mod chaos;
 mod controlplane;
 mod crds;
 mod demo;
@@ -33,6 +35,9 @@ enum Command {
     /// Measure the plugin's own overhead (prepare/unprepare latency over the real socket,
     /// slice publishing) and print the figures.
     Bench(bench::Args),
+    /// Run the fault campaign: a workload under injected faults, invariants checked after
+    /// each, and a report with recovery times.
+    Chaos(chaos::Args),
     /// Build, start, inspect or stop the local Kubernetes control plane.
     #[command(subcommand)]
     Controlplane(controlplane::Command),
@@ -46,6 +51,7 @@ fn main() -> anyhow::Result<()> {
         Command::Demo(args) => runtime.block_on(demo::run(args)),
         Command::Crds(args) => crds::run(&args),
         Command::Bench(args) => bench::run(args, &runtime),
+        Command::Chaos(args) => runtime.block_on(chaos::run(args)),
         Command::Controlplane(cmd) => runtime.block_on(controlplane::run(cmd)),
     }
 }

@@ -1,0 +1,629 @@
+//! The fault campaign (`cargo xtask chaos`): a workload of MIG, MPS, whole-GPU and
+//! time-sliced pods arriving and leaving on simulated GPU nodes (real plugins on the
+//! simulated NVIDIA driver, real kubelets, two operator replicas with leader election),
+//! while faults are injected at random moments; after every fault the invariants of
+//! [`invariants`] are checked, and at the end, with the cluster at rest and again with
+//! every pod gone, the stricter ones.
+//!
+//! Faults: the plugin killed (SIGKILL, at a random moment after a pod arrives, so often
+//! inside a prepare), the plugin aborted right after one hardware operation (the
+//! simulator's `abortAfter`: between the hardware step and the next checkpoint write),
+//! the operator leader killed, the kubelet restarted, the node rebooted, a GPU reporting
+//! a fatal XID (then the node is rebooted, as an operator would, which clears it).
+//! Everything random comes from the seed, so a run replays.
+
+pub mod invariants;
+pub mod report;
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use k8s_openapi::api::{
+    core::v1::{Node, Pod},
+    resource::v1::{ResourceClaim, ResourceSlice},
+};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, ListParams, Patch, PatchParams},
+};
+use rand::{Rng, SeedableRng, rngs::StdRng, seq::IndexedRandom};
+use serde_json::json;
+
+use self::{
+    invariants::{NodeView, Snapshot},
+    report::{Found, Report},
+};
+use crate::{
+    ControlPlane,
+    cluster::{self, GpuRequest},
+    operator::OperatorProcess,
+    plugin::SimNode,
+    repo_root,
+    wait::eventually,
+};
+
+/// Namespace of the workload.
+pub const NAMESPACE: &str = "chaos";
+/// How long the cluster may take to come to rest after the last fault.
+const SETTLE: Duration = Duration::from_secs(180);
+/// Live pods the workload keeps at most.
+const MAX_PODS: usize = 10;
+
+/// How to run.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Seed of every random choice.
+    pub seed: u64,
+    /// Faults to inject.
+    pub steps: u64,
+}
+
+/// A kind of fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// SIGKILL of a plugin.
+    PluginKill,
+    /// A plugin aborts right after a hardware operation.
+    PluginAbort,
+    /// The operator leader is killed.
+    OperatorLeaderKill,
+    /// A kubelet restarts.
+    KubeletRestart,
+    /// A node reboots.
+    NodeReboot,
+    /// A GPU reports a fatal XID.
+    GpuXid,
+}
+
+impl Fault {
+    /// Its name in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::PluginKill => "plugin-kill",
+            Fault::PluginAbort => "plugin-abort",
+            Fault::OperatorLeaderKill => "operator-leader-kill",
+            Fault::KubeletRestart => "kubelet-restart",
+            Fault::NodeReboot => "node-reboot",
+            Fault::GpuXid => "gpu-xid",
+        }
+    }
+}
+
+/// The order faults come in: plugin crashes most (the goal is ten of them for
+/// each other kind), every kind in every eleven steps, so even a short run covers all.
+const SCHEDULE: [Fault; 11] = [
+    Fault::PluginKill,
+    Fault::PluginAbort,
+    Fault::PluginKill,
+    Fault::KubeletRestart,
+    Fault::PluginKill,
+    Fault::PluginAbort,
+    Fault::NodeReboot,
+    Fault::PluginKill,
+    Fault::OperatorLeaderKill,
+    Fault::PluginAbort,
+    Fault::GpuXid,
+];
+
+/// A shape of the workload and the node whose policy offers it.
+struct Shape {
+    name: &'static str,
+    node: &'static str,
+    class: &'static str,
+    selector: Option<&'static str>,
+    capacity: Option<serde_json::Value>,
+    /// Hardware operations a pod of this shape makes when it arrives / leaves.
+    on_arrival: &'static [&'static str],
+    on_departure: &'static [&'static str],
+}
+
+fn shapes() -> Vec<Shape> {
+    vec![
+        Shape {
+            name: "mig1g",
+            node: "chaos-h100",
+            class: "mig.tessera.dev",
+            selector: Some("device.attributes['gpu.tessera.dev'].profile == '1g.10gb'"),
+            capacity: None,
+            on_arrival: &["create-gpu-instance", "create-compute-instance"],
+            on_departure: &["destroy-compute-instance", "destroy-gpu-instance"],
+        },
+        Shape {
+            name: "mig3g",
+            node: "chaos-h100",
+            class: "mig.tessera.dev",
+            selector: Some("device.attributes['gpu.tessera.dev'].profile == '3g.40gb'"),
+            capacity: None,
+            on_arrival: &["create-gpu-instance", "create-compute-instance"],
+            on_departure: &["destroy-compute-instance", "destroy-gpu-instance"],
+        },
+        Shape {
+            name: "a100-4g",
+            node: "chaos-a100",
+            class: "mig.tessera.dev",
+            selector: Some("device.attributes['gpu.tessera.dev'].profile == '4g.20gb'"),
+            capacity: None,
+            on_arrival: &[],
+            on_departure: &[],
+        },
+        Shape {
+            name: "mps",
+            node: "chaos-l4",
+            class: "mps.tessera.dev",
+            selector: None,
+            capacity: Some(json!({"computePercent": "25", "memory": "4Gi"})),
+            on_arrival: &["start-mps"],
+            on_departure: &["stop-mps"],
+        },
+        Shape {
+            name: "ts",
+            node: "chaos-dev",
+            class: "timeslice.tessera.dev",
+            selector: None,
+            capacity: None,
+            on_arrival: &["set-time-slice"],
+            on_departure: &["set-time-slice"],
+        },
+    ]
+}
+
+/// The nodes: (name, `tessera.dev/pool`, inventory). Each pool has a sample policy.
+const NODES: [(&str, &str, &str); 4] = [
+    (
+        "chaos-h100",
+        "inference",
+        "gpus: [{model: h100-80gb}, {model: h100-80gb}]\nlatencies: zero\n",
+    ),
+    (
+        "chaos-a100",
+        "training",
+        "gpus: [{model: a100-40gb, migEnabled: false}]\nlatencies: zero\n",
+    ),
+    (
+        "chaos-l4",
+        "edge-inference",
+        "gpus: [{model: l4}, {model: l4}]\nlatencies: zero\n",
+    ),
+    (
+        "chaos-dev",
+        "dev",
+        "gpus: [{model: h100-80gb}]\nlatencies: zero\n",
+    ),
+];
+
+struct Campaign<'a> {
+    cp: &'a ControlPlane,
+    client: Client,
+    nodes: Vec<SimNode>,
+    operators: Vec<OperatorProcess>,
+    rng: StdRng,
+    report: Report,
+    live: Vec<String>,
+    next_pod: u64,
+    progress: &'a mut dyn FnMut(&str),
+}
+
+/// Runs the campaign on `cp` (a fresh control plane with Tessera's CRDs).
+pub async fn run(
+    cp: &ControlPlane,
+    opts: &Options,
+    progress: &mut dyn FnMut(&str),
+) -> anyhow::Result<Report> {
+    let started = Instant::now();
+    let client = cp.admin_client().await?;
+    cluster::apply_dir(&client, &repo_root().join("config/deviceclasses"), false).await?;
+    cluster::create_namespace(&client, NAMESPACE).await?;
+    let mut nodes = Vec::new();
+    let node_api: Api<Node> = Api::all(client.clone());
+    for (name, pool, inventory) in NODES {
+        progress(&format!("starting node {name} (pool {pool})"));
+        nodes.push(SimNode::start(cp, name, inventory).await?);
+        node_api
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"tessera.dev/pool": pool}}})),
+            )
+            .await?;
+    }
+    progress("starting two operator replicas (leader election)");
+    let operators = vec![
+        OperatorProcess::start(cp, "chaos-operator-0", true).await?,
+        OperatorProcess::start(cp, "chaos-operator-1", true).await?,
+    ];
+    cluster::apply_dir(&client, &repo_root().join("config/samples"), false).await?;
+    let mut c = Campaign {
+        cp,
+        client,
+        nodes,
+        operators,
+        rng: StdRng::seed_from_u64(opts.seed),
+        report: Report {
+            seed: opts.seed,
+            ..Report::default()
+        },
+        live: Vec::new(),
+        next_pod: 0,
+        progress,
+    };
+    for step in 0..opts.steps {
+        let fault = SCHEDULE[(step % SCHEDULE.len() as u64) as usize];
+        c.churn().await?;
+        c.inject(fault)
+            .await
+            .with_context(|| format!("step {step}: {}", fault.name()))?;
+        *c.report.faults.entry(fault.name().into()).or_default() += 1;
+        c.report.steps = step + 1;
+        let snapshot = c.snapshot().await?;
+        let running = running_pods(&snapshot);
+        c.report.pods_running_max = c.report.pods_running_max.max(running);
+        let found = invariants::always(&snapshot);
+        c.report.checks += 1;
+        c.record(step, fault.name(), found);
+        (c.progress)(&format!(
+            "step {}/{}: {} · {} live pods, {running} running · {} violations so far",
+            step + 1,
+            opts.steps,
+            fault.name(),
+            c.live.len(),
+            c.report.violations.len()
+        ));
+    }
+    c.finish().await?;
+    c.report.wall_seconds = started.elapsed().as_secs_f64();
+    Ok(c.report)
+}
+
+impl Campaign<'_> {
+    fn record(&mut self, step: u64, after: &str, found: Vec<invariants::Violation>) {
+        for violation in found {
+            self.report.violations.push(Found {
+                step,
+                after: after.to_string(),
+                violation,
+            });
+        }
+    }
+
+    fn node_mut(&mut self, name: &str) -> anyhow::Result<&mut SimNode> {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.name == name)
+            .with_context(|| format!("no node {name}"))
+    }
+
+    /// One pod arrives; one leaves when the workload is at its size.
+    async fn churn(&mut self) -> anyhow::Result<()> {
+        if self.live.len() >= MAX_PODS {
+            let i = self.rng.random_range(0..self.live.len());
+            let name = self.live.swap_remove(i);
+            self.delete_pod(&name).await?;
+        }
+        let all = shapes();
+        let shape = all.choose(&mut self.rng).context("no shapes")?;
+        self.create_pod(shape).await?;
+        Ok(())
+    }
+
+    async fn create_pod(&mut self, shape: &Shape) -> anyhow::Result<String> {
+        self.next_pod += 1;
+        let name = format!("{}-{}", shape.name, self.next_pod);
+        cluster::create_claim_pod(
+            &self.client,
+            NAMESPACE,
+            &name,
+            GpuRequest {
+                class: shape.class,
+                selector: shape.selector,
+                capacity: shape.capacity.clone(),
+            },
+        )
+        .await?;
+        self.live.push(name.clone());
+        self.report.pods_created += 1;
+        Ok(name)
+    }
+
+    async fn delete_pod(&mut self, name: &str) -> anyhow::Result<()> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), NAMESPACE);
+        match pods.delete(name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+        self.report.pods_deleted += 1;
+        Ok(())
+    }
+
+    async fn inject(&mut self, fault: Fault) -> anyhow::Result<()> {
+        let name = fault.name();
+        match fault {
+            Fault::PluginKill => {
+                let node = NODES
+                    .choose(&mut self.rng)
+                    .map(|n| n.0)
+                    .context("no nodes")?;
+                // A pod for this node first, so the kill often lands inside its prepare.
+                let all = shapes();
+                let shape = all.iter().find(|s| s.node == node);
+                if let Some(shape) = shape {
+                    self.create_pod(shape).await?;
+                }
+                let wait = Duration::from_millis(self.rng.random_range(0..500));
+                tokio::time::sleep(wait).await;
+                let t0 = Instant::now();
+                let n = self.node_mut(node)?;
+                n.restart().await?;
+                self.serving(node).await?;
+                self.report.recovered(name, t0.elapsed());
+            }
+            Fault::PluginAbort => self.abort().await?,
+            Fault::OperatorLeaderKill => {
+                let mut leader = None;
+                for (i, op) in self.operators.iter().enumerate() {
+                    if op.leading().await {
+                        leader = Some(i);
+                    }
+                }
+                let i = leader.unwrap_or(0);
+                let t0 = Instant::now();
+                self.operators[i].kill();
+                let other = 1 - i;
+                let op = &self.operators[other];
+                eventually("the other operator replica to lead", SETTLE, || async {
+                    op.leading().await.then_some(())
+                })
+                .await?;
+                self.report.recovered(name, t0.elapsed());
+                self.operators[i].restart().await?;
+            }
+            Fault::KubeletRestart => {
+                let node = NODES
+                    .choose(&mut self.rng)
+                    .map(|n| n.0)
+                    .context("no nodes")?;
+                let t0 = Instant::now();
+                let cp = self.cp;
+                self.node_mut(node)?.restart_kubelet(cp).await?;
+                self.serving(node).await?;
+                self.report.recovered(name, t0.elapsed());
+            }
+            Fault::NodeReboot => {
+                let node = NODES
+                    .choose(&mut self.rng)
+                    .map(|n| n.0)
+                    .context("no nodes")?;
+                let t0 = Instant::now();
+                let cp = self.cp;
+                self.node_mut(node)?.reboot(cp).await?;
+                self.serving(node).await?;
+                self.report.recovered(name, t0.elapsed());
+            }
+            Fault::GpuXid => {
+                let (node, _, inventory) = *NODES.choose(&mut self.rng).context("no nodes")?;
+                let gpus = inventory.matches("model:").count().max(1);
+                let gpu = self.rng.random_range(0..gpus);
+                let t0 = Instant::now();
+                let n = self.node_mut(node)?;
+                std::fs::write(
+                    n.faults_path(),
+                    json!({"healthEvents": [{"gpu": gpu, "kind": {"type": "xid", "code": 48, "fatal": true}}]})
+                        .to_string(),
+                )?;
+                let slices: Api<ResourceSlice> = Api::all(self.client.clone());
+                eventually(
+                    &format!("{node} GPU {gpu} to be tainted unhealthy"),
+                    SETTLE,
+                    || async {
+                        let list = slices.list(&ListParams::default()).await.ok()?;
+                        list.items
+                            .iter()
+                            .filter(|s| s.spec.node_name.as_deref() == Some(node))
+                            .flat_map(|s| s.spec.devices.iter().flatten())
+                            .any(|d| {
+                                d.taints
+                                    .iter()
+                                    .flatten()
+                                    .any(|t| t.key == tessera_api::constants::UNHEALTHY_TAINT_KEY)
+                            })
+                            .then_some(())
+                    },
+                )
+                .await?;
+                // Drain-and-reboot is what clears a GPU fault.
+                let cp = self.cp;
+                self.node_mut(node)?.reboot(cp).await?;
+                self.serving(node).await?;
+                self.report.recovered(name, t0.elapsed());
+            }
+        }
+        Ok(())
+    }
+
+    /// Arms an abort after one hardware operation on the node whose shape makes it, makes
+    /// a pod arrive or leave there, and restarts the plugin once it died. Only operations
+    /// the arrival or departure will make are chosen: an MPS daemon starts with the GPU's
+    /// first share and stops with its last; a GPU's time-slice is set when its policy
+    /// applies, not by claims, so it is not a point a pod reaches.
+    async fn abort(&mut self) -> anyhow::Result<()> {
+        let all = shapes();
+        let live_of = |name: &str, live: &[String]| -> Vec<String> {
+            live.iter()
+                .filter(|p| p.starts_with(&format!("{name}-")))
+                .cloned()
+                .collect()
+        };
+        // (shape, departing pod, operation)
+        let mut candidates: Vec<(usize, Option<String>, &'static str)> = Vec::new();
+        for (i, shape) in all.iter().enumerate() {
+            let mine = live_of(shape.name, &self.live);
+            match shape.name {
+                "mig1g" | "mig3g" => {
+                    for op in shape.on_arrival {
+                        candidates.push((i, None, op));
+                    }
+                    if let Some(p) = mine.first() {
+                        for op in shape.on_departure {
+                            candidates.push((i, Some(p.clone()), op));
+                        }
+                    }
+                }
+                "mps" if mine.is_empty() => {
+                    candidates.push((i, None, shape.on_arrival[0]));
+                }
+                "mps" if mine.len() == 1 => {
+                    candidates.push((i, mine.first().cloned(), shape.on_departure[0]));
+                }
+                _ => {}
+            }
+        }
+        let (i, departing, op) = candidates
+            .choose(&mut self.rng)
+            .cloned()
+            .context("no abort point")?;
+        let shape = &all[i];
+        let node = shape.node;
+        let faults = self.node_mut(node)?.faults_path();
+        std::fs::write(
+            &faults,
+            json!({"abortAfter": [{"operation": op}]}).to_string(),
+        )?;
+        match departing {
+            Some(pod) => {
+                self.live.retain(|p| p != &pod);
+                self.delete_pod(&pod).await?;
+            }
+            None => {
+                self.create_pod(shape).await?;
+            }
+        }
+        let died = {
+            let n = self.node_mut(node)?;
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                if !n.plugin_running() {
+                    break true;
+                }
+                if Instant::now() > deadline {
+                    break false;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        if !died {
+            (self.progress)(&format!("abort after {op} on {node} not reached; disarmed"));
+            // Nothing reached the operation (the pod waits elsewhere, or its GPU was in
+            // the shape already): disarm, so it cannot fire during a later fault.
+            std::fs::write(&faults, "{}")?;
+            self.report.aborts_not_reached += 1;
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        self.node_mut(node)?.restart().await?;
+        self.serving(node).await?;
+        self.report
+            .recovered(Fault::PluginAbort.name(), t0.elapsed());
+        Ok(())
+    }
+
+    /// Waits until `node`'s plugin answers ready.
+    async fn serving(&self, node: &str) -> anyhow::Result<()> {
+        let n = self
+            .nodes
+            .iter()
+            .find(|n| n.name == node)
+            .context("no node")?;
+        eventually(&format!("{node}'s plugin to be ready"), SETTLE, || async {
+            matches!(n.http_get("/readyz").await, Ok((200, _))).then_some(())
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn snapshot(&self) -> anyhow::Result<Snapshot> {
+        let mut nodes = Vec::new();
+        for n in &self.nodes {
+            let hardware = tessera_gpu::backend::sim::state::load_state(&n.sim_state())?;
+            let (claims, layouts) = invariants::read_checkpoint(&n.state_dir());
+            nodes.push(NodeView {
+                name: n.name.clone(),
+                hardware,
+                claims,
+                layouts,
+            });
+        }
+        let lp = ListParams::default();
+        Ok(Snapshot {
+            nodes,
+            claims: Api::<ResourceClaim>::all(self.client.clone())
+                .list(&lp)
+                .await?
+                .items,
+            pods: Api::<Pod>::all(self.client.clone()).list(&lp).await?.items,
+            slices: Api::<ResourceSlice>::all(self.client.clone())
+                .list(&lp)
+                .await?
+                .items,
+        })
+    }
+
+    /// The cluster at rest, then empty: the strict rules must hold, or the report says
+    /// which did not once the settling time ran out.
+    async fn finish(&mut self) -> anyhow::Result<()> {
+        let step = self.report.steps;
+        (self.progress)("faults stopped: waiting for the cluster to come to rest");
+        let rest = self.settle(invariants::at_rest).await?;
+        self.report.pods_running_at_rest = running_pods(&self.snapshot().await?);
+        self.report.checks += 1;
+        self.record(step, "rest", rest);
+        (self.progress)("deleting every pod: waiting for every claim to be unprepared");
+        let live = std::mem::take(&mut self.live);
+        for p in &live {
+            self.delete_pod(p).await?;
+        }
+        let empty = self
+            .settle(|s| {
+                let mut v = invariants::at_rest(s);
+                for n in &s.nodes {
+                    for r in n.claims.values() {
+                        v.push(invariants::Violation::PodStuck {
+                            pod: format!("{}/{}", r.namespace, r.name),
+                            detail: format!(
+                                "claim still prepared on {} after its pod left",
+                                n.name
+                            ),
+                        });
+                    }
+                }
+                v
+            })
+            .await?;
+        self.report.checks += 1;
+        self.record(step, "empty", empty);
+        Ok(())
+    }
+
+    /// Checks `rules` until they hold or [`SETTLE`] passes; the last violations.
+    async fn settle(
+        &self,
+        rules: impl Fn(&Snapshot) -> Vec<invariants::Violation>,
+    ) -> anyhow::Result<Vec<invariants::Violation>> {
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            let v = rules(&self.snapshot().await?);
+            if v.is_empty() || Instant::now() > deadline {
+                return Ok(v);
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+/// The workload's pods that run.
+fn running_pods(s: &Snapshot) -> u64 {
+    s.pods
+        .iter()
+        .filter(|p| p.metadata.namespace.as_deref() == Some(NAMESPACE))
+        .filter(|p| p.status.as_ref().and_then(|st| st.phase.as_deref()) == Some("Running"))
+        .count() as u64
+}

@@ -1,0 +1,140 @@
+//! The campaign's report: faults by kind, invariant checks, violations with the step to
+//! replay, recovery times.
+
+use std::{collections::BTreeMap, fmt, time::Duration};
+
+use serde::Serialize;
+
+use super::invariants::Violation;
+
+/// A violation and where it happened.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Found {
+    /// Step of the campaign (`final` checks use the step count).
+    pub step: u64,
+    /// The fault injected at that step.
+    pub after: String,
+    /// What broke.
+    pub violation: Violation,
+}
+
+/// The whole run.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    /// The seed (replays the run).
+    pub seed: u64,
+    /// Steps run.
+    pub steps: u64,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<String, u64>,
+    /// Armed aborts that no operation reached before they were disarmed.
+    pub aborts_not_reached: u64,
+    /// Invariant checks run.
+    pub checks: u64,
+    /// Pods created and deleted by the workload.
+    pub pods_created: u64,
+    /// Pods deleted by the workload.
+    pub pods_deleted: u64,
+    /// The most pods seen running at once (after a step).
+    pub pods_running_max: u64,
+    /// Pods running when the cluster came to rest.
+    pub pods_running_at_rest: u64,
+    /// Violations.
+    pub violations: Vec<Found>,
+    /// Fault → node serving again, in seconds, by kind.
+    pub recovery_seconds: BTreeMap<String, Vec<f64>>,
+    /// Wall time of the run, in seconds.
+    pub wall_seconds: f64,
+}
+
+/// The `p`-th percentile (nearest rank) of `v`.
+pub fn percentile(v: &[f64], p: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * s.len() as f64).ceil().max(1.0) as usize;
+    s.get(rank - 1).copied()
+}
+
+impl Report {
+    /// Records one recovery.
+    pub fn recovered(&mut self, kind: &str, took: Duration) {
+        self.recovery_seconds
+            .entry(kind.to_string())
+            .or_default()
+            .push(took.as_secs_f64());
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "chaos: seed {} · {} steps · {:.0} s · {} pods created, {} deleted, up to {} running at once, {} at rest · {} invariant checks",
+            self.seed,
+            self.steps,
+            self.wall_seconds,
+            self.pods_created,
+            self.pods_deleted,
+            self.pods_running_max,
+            self.pods_running_at_rest,
+            self.checks
+        )?;
+        writeln!(
+            f,
+            "{:<20} {:>7} {:>12} {:>12}",
+            "fault", "count", "recovery p50", "p99"
+        )?;
+        for (kind, n) in &self.faults {
+            let r = self
+                .recovery_seconds
+                .get(kind)
+                .map(Vec::as_slice)
+                .unwrap_or(&[]);
+            let show = |p| percentile(r, p).map_or("-".to_string(), |v| format!("{v:.2} s"));
+            writeln!(f, "{kind:<20} {n:>7} {:>12} {:>12}", show(50.0), show(99.0))?;
+        }
+        if self.aborts_not_reached > 0 {
+            writeln!(
+                f,
+                "({} armed aborts were not reached by any operation and were disarmed)",
+                self.aborts_not_reached
+            )?;
+        }
+        if self.violations.is_empty() {
+            writeln!(f, "violations: none")
+        } else {
+            writeln!(f, "violations: {}", self.violations.len())?;
+            for v in &self.violations {
+                writeln!(
+                    f,
+                    "  step {} (after {}): {:?}   replay: cargo xtask chaos --seed {} --steps {}",
+                    v.step,
+                    v.after,
+                    v.violation,
+                    self.seed,
+                    v.step + 1
+                )?;
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), Some(50.0));
+        assert_eq!(percentile(&v, 99.0), Some(99.0));
+        assert_eq!(percentile(&[3.0], 99.0), Some(3.0));
+        assert_eq!(percentile(&[], 50.0), None);
+    }
+}

@@ -1,0 +1,37 @@
+//! A short run of the fault campaign (`cargo xtask chaos` runs long ones): every fault
+//! kind at least once on a fixed seed, and no invariant violated.
+
+use tessera_e2e::chaos;
+
+#[tokio::test]
+async fn a_short_fault_campaign_breaks_no_invariant() {
+    let cp = tessera_e2e::start_for_test().await.expect("control plane");
+    let report = chaos::run(
+        &cp,
+        &chaos::Options {
+            seed: 20261201,
+            steps: 11,
+        },
+        &mut |line| eprintln!("{line}"),
+    )
+    .await
+    .expect("the campaign runs");
+    eprintln!("{report}");
+    for kind in [
+        "plugin-kill",
+        "plugin-abort",
+        "operator-leader-kill",
+        "kubelet-restart",
+        "node-reboot",
+        "gpu-xid",
+    ] {
+        assert!(
+            report.faults.get(kind).copied().unwrap_or(0) > 0,
+            "{kind} never injected: {report}"
+        );
+    }
+    assert!(report.violations.is_empty(), "{report}");
+    assert!(report.pods_created > 0 && report.checks > report.steps);
+    // Faults amid a workload that runs, not amid pods that never start.
+    assert!(report.pods_running_max >= 3, "{report}");
+}
