@@ -294,7 +294,8 @@ impl Campaign<'_> {
 
     /// One pod arrives; one leaves when the workload is at its size.
     async fn churn(&mut self) -> anyhow::Result<()> {
-        if self.live.len() >= MAX_PODS {
+        // Faults add pods of their own (a kill lands amid a prepare): keep the size.
+        while self.live.len() >= MAX_PODS {
             let i = self.rng.random_range(0..self.live.len());
             let name = self.live.swap_remove(i);
             self.delete_pod(&name).await?;
