@@ -34,6 +34,9 @@ const ADMIN_USER: &str = "tessera-admin";
 /// Starting or using the control plane failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// No component of that name runs.
+    #[error("no component {0} runs in this control plane")]
+    NoComponent(&'static str),
     /// A file operation failed.
     #[error("{action} {path}")]
     Io {
@@ -153,6 +156,8 @@ pub struct ControlPlane {
     dir: PathBuf,
     temp: Option<tempfile::TempDir>,
     components: Vec<Component>,
+    /// How to start each component again: its flags and how to tell it is ready.
+    restarts: std::collections::HashMap<&'static str, (Vec<String>, Ready)>,
     kubeconfig: PathBuf,
     server: String,
     bins: BinDir,
@@ -192,6 +197,7 @@ impl ControlPlane {
             dir,
             temp,
             components: Vec::new(),
+            restarts: std::collections::HashMap::new(),
             server: String::new(),
             bins: opts.bins,
             detached: false,
@@ -268,6 +274,7 @@ impl ControlPlane {
             ],
             &logs,
         )?;
+        self.ready_is("etcd", Ready::Etcd(etcd_port));
         self.wait_http(
             "etcd",
             etcd_port,
@@ -305,6 +312,7 @@ impl ControlPlane {
             api_args.push(format!("--runtime-config={}", runtime.join(",")));
         }
         self.spawn("kube-apiserver", api_args, &logs)?;
+        self.ready_is("kube-apiserver", Ready::ApiServer);
         self.wait_apiserver(Duration::from_secs(90)).await?;
 
         let kubeconfig = self.kubeconfig.display().to_string();
@@ -332,6 +340,8 @@ impl ControlPlane {
                 .into(),
         );
         self.spawn("kube-controller-manager", kcm, &logs)?;
+        self.ready_is("kube-scheduler", Ready::Https(sched_port));
+        self.ready_is("kube-controller-manager", Ready::Https(kcm_port));
         self.wait_https("kube-scheduler", sched_port, Duration::from_secs(60))
             .await?;
         self.wait_https("kube-controller-manager", kcm_port, Duration::from_secs(60))
@@ -343,8 +353,56 @@ impl ControlPlane {
     fn spawn(&mut self, name: &'static str, args: Vec<String>, logs: &Path) -> Result<()> {
         let c = process::spawn(name, &self.bins.path(name), &args, logs, self.nice)?;
         self.components.push(c);
+        self.restarts.insert(name, (args, Ready::ApiServer));
         write_state(&self.dir, &self.state())?;
         Ok(())
+    }
+
+    fn ready_is(&mut self, name: &'static str, ready: Ready) {
+        if let Some(r) = self.restarts.get_mut(name) {
+            r.1 = ready;
+        }
+    }
+
+    /// Kills one component (SIGKILL to its process group, as a crash would), leaves it
+    /// down for `down_for` (the outage being simulated), starts it again with the same
+    /// flags and data, and returns once it answers again. Its earlier log is kept as
+    /// `<name>.<n>.log`.
+    pub async fn restart_component(
+        &mut self,
+        name: &'static str,
+        down_for: Duration,
+    ) -> Result<()> {
+        let i = self
+            .components
+            .iter()
+            .position(|c| c.name == name)
+            .ok_or(Error::NoComponent(name))?;
+        let (args, ready) = self
+            .restarts
+            .get(name)
+            .cloned()
+            .ok_or(Error::NoComponent(name))?;
+        let mut old = self.components.remove(i);
+        process::stop_group(old.child.id(), Duration::ZERO);
+        let _ = old.child.wait();
+        let logs = old.log.parent().map(Path::to_path_buf).unwrap_or_default();
+        let kept = (1..)
+            .map(|n| logs.join(format!("{name}.{n}.log")))
+            .find(|p| !p.exists())
+            .unwrap_or_else(|| logs.join(format!("{name}.old.log")));
+        let _ = std::fs::rename(&old.log, kept);
+        tokio::time::sleep(down_for).await;
+        let c = process::spawn(name, &self.bins.path(name), &args, &logs, self.nice)?;
+        // Stopping goes in reverse start order (etcd last): keep the position.
+        self.components.insert(i, c);
+        write_state(&self.dir, &self.state())?;
+        let timeout = Duration::from_secs(90);
+        match ready {
+            Ready::Etcd(port) => self.wait_http(name, port, "/health", "true", timeout).await,
+            Ready::ApiServer => self.wait_apiserver(timeout).await,
+            Ready::Https(port) => self.wait_https(name, port, timeout).await,
+        }
     }
 
     fn check_alive(&mut self, name: &'static str) -> Result<()> {
@@ -666,4 +724,15 @@ fn write(path: &Path, text: &str) -> Result<()> {
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// How a restarted component is known to be ready.
+#[derive(Clone, Copy, Debug)]
+enum Ready {
+    /// etcd's `/health` on this port.
+    Etcd(u16),
+    /// The API server's `/readyz`.
+    ApiServer,
+    /// A delegated component's secure port answering.
+    Https(u16),
 }

@@ -5,12 +5,12 @@ use tessera_e2e::chaos;
 
 #[tokio::test]
 async fn a_short_fault_campaign_breaks_no_invariant() {
-    let cp = tessera_e2e::start_for_test().await.expect("control plane");
+    let mut cp = tessera_e2e::start_for_test().await.expect("control plane");
     let report = chaos::run(
-        &cp,
+        &mut cp,
         &chaos::Options {
             seed: 20261201,
-            steps: 11,
+            steps: 14,
         },
         &mut |line| eprintln!("{line}"),
     )
@@ -24,6 +24,9 @@ async fn a_short_fault_campaign_breaks_no_invariant() {
         "kubelet-restart",
         "node-reboot",
         "gpu-xid",
+        "apiserver-restart",
+        "etcd-outage",
+        "torn-checkpoint",
     ] {
         assert!(
             report.faults.get(kind).copied().unwrap_or(0) > 0,

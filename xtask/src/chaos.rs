@@ -14,8 +14,8 @@ pub struct Args {
     /// Seed of every random choice (a run replays with its seed); random when absent.
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Faults to inject (every kind comes once in each 11 steps).
-    #[arg(long, default_value_t = 44)]
+    /// Faults to inject (every kind comes once in each 14 steps).
+    #[arg(long, default_value_t = 56)]
     pub steps: u64,
     /// Also write the report here, as JSON.
     #[arg(long)]
@@ -59,18 +59,23 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "==> seed {seed} (replay: cargo xtask chaos --seed {seed} --steps {})",
         args.steps
     );
-    let cp = controlplane::start(args.version, "chaos").await?;
+    let mut cp = controlplane::start(args.version, "chaos").await?;
     let client = cp.admin_client().await?;
     cluster::install_crds(&client, &tessera_api::crds::all()).await?;
-    let report = chaos::run(
-        &cp,
-        &chaos::Options {
-            seed,
-            steps: args.steps,
-        },
-        &mut |line| println!("    {line}"),
-    )
-    .await?;
+    let opts = chaos::Options {
+        seed,
+        steps: args.steps,
+    };
+    let mut progress = |line: &str| println!("    {line}");
+    let campaign = chaos::run(&mut cp, &opts, &mut progress);
+    // Ctrl-C or SIGTERM drops the campaign, whose nodes and operators stop with it, and
+    // then the control plane: nothing outlives the command.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let report = tokio::select! {
+        r = campaign => r?,
+        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted (seed {seed})"),
+        _ = term.recv() => anyhow::bail!("terminated (seed {seed})"),
+    };
     println!("\n{report}");
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)

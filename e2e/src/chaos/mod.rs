@@ -9,7 +9,9 @@
 //! inside a prepare), the plugin aborted right after one hardware operation (the
 //! simulator's `abortAfter`: between the hardware step and the next checkpoint write),
 //! the operator leader killed, the kubelet restarted, the node rebooted, a GPU reporting
-//! a fatal XID (then the node is rebooted, as an operator would, which clears it).
+//! a fatal XID (then the node is rebooted, as an operator would, which clears it), the
+//! API server restarted, etcd down for a few seconds, and a power cut that tears one of
+//! the plugin's records before the node reboots.
 //! Everything random comes from the seed, so a run replays.
 
 pub mod invariants;
@@ -73,6 +75,12 @@ pub enum Fault {
     NodeReboot,
     /// A GPU reports a fatal XID.
     GpuXid,
+    /// The API server is killed and started again.
+    ApiServerRestart,
+    /// etcd is down for a few seconds.
+    EtcdOutage,
+    /// A power cut: the node reboots with one of its plugin's records torn.
+    TornCheckpoint,
 }
 
 impl Fault {
@@ -85,13 +93,17 @@ impl Fault {
             Fault::KubeletRestart => "kubelet-restart",
             Fault::NodeReboot => "node-reboot",
             Fault::GpuXid => "gpu-xid",
+            Fault::ApiServerRestart => "apiserver-restart",
+            Fault::EtcdOutage => "etcd-outage",
+            Fault::TornCheckpoint => "torn-checkpoint",
         }
     }
 }
 
-/// The order faults come in: plugin crashes most (the goal is ten of them for
-/// each other kind), every kind in every eleven steps, so even a short run covers all.
-const SCHEDULE: [Fault; 11] = [
+/// The order faults come in: plugin crashes in half the steps (the goal is ten
+/// of them for each other kind), every kind in every fourteen steps, so even a short run
+/// covers all.
+const SCHEDULE: [Fault; 14] = [
     Fault::PluginKill,
     Fault::PluginAbort,
     Fault::PluginKill,
@@ -103,7 +115,13 @@ const SCHEDULE: [Fault; 11] = [
     Fault::OperatorLeaderKill,
     Fault::PluginAbort,
     Fault::GpuXid,
+    Fault::ApiServerRestart,
+    Fault::EtcdOutage,
+    Fault::TornCheckpoint,
 ];
+
+/// How long etcd stays down in an outage.
+const ETCD_DOWN: Duration = Duration::from_secs(3);
 
 /// A shape of the workload and the node whose policy offers it.
 struct Shape {
@@ -192,7 +210,7 @@ const NODES: [(&str, &str, &str); 4] = [
 ];
 
 struct Campaign<'a> {
-    cp: &'a ControlPlane,
+    cp: &'a mut ControlPlane,
     client: Client,
     nodes: Vec<SimNode>,
     operators: Vec<OperatorProcess>,
@@ -205,7 +223,7 @@ struct Campaign<'a> {
 
 /// Runs the campaign on `cp` (a fresh control plane with Tessera's CRDs).
 pub async fn run(
-    cp: &ControlPlane,
+    cp: &mut ControlPlane,
     opts: &Options,
     progress: &mut dyn FnMut(&str),
 ) -> anyhow::Result<Report> {
@@ -217,7 +235,7 @@ pub async fn run(
     let node_api: Api<Node> = Api::all(client.clone());
     for (name, pool, inventory) in NODES {
         progress(&format!("starting node {name} (pool {pool})"));
-        nodes.push(SimNode::start(cp, name, inventory).await?);
+        nodes.push(SimNode::start(&*cp, name, inventory).await?);
         node_api
             .patch(
                 name,
@@ -228,8 +246,8 @@ pub async fn run(
     }
     progress("starting two operator replicas (leader election)");
     let operators = vec![
-        OperatorProcess::start(cp, "chaos-operator-0", true).await?,
-        OperatorProcess::start(cp, "chaos-operator-1", true).await?,
+        OperatorProcess::start(&*cp, "chaos-operator-0", true).await?,
+        OperatorProcess::start(&*cp, "chaos-operator-1", true).await?,
     ];
     cluster::apply_dir(&client, &repo_root().join("config/samples"), false).await?;
     let mut c = Campaign {
@@ -384,8 +402,9 @@ impl Campaign<'_> {
                     .map(|n| n.0)
                     .context("no nodes")?;
                 let t0 = Instant::now();
-                let cp = self.cp;
-                self.node_mut(node)?.restart_kubelet(cp).await?;
+                node_in(&mut self.nodes, node)?
+                    .restart_kubelet(self.cp)
+                    .await?;
                 self.serving(node).await?;
                 self.report.recovered(name, t0.elapsed());
             }
@@ -395,8 +414,7 @@ impl Campaign<'_> {
                     .map(|n| n.0)
                     .context("no nodes")?;
                 let t0 = Instant::now();
-                let cp = self.cp;
-                self.node_mut(node)?.reboot(cp).await?;
+                node_in(&mut self.nodes, node)?.reboot(self.cp).await?;
                 self.serving(node).await?;
                 self.report.recovered(name, t0.elapsed());
             }
@@ -432,12 +450,69 @@ impl Campaign<'_> {
                 )
                 .await?;
                 // Drain-and-reboot is what clears a GPU fault.
-                let cp = self.cp;
-                self.node_mut(node)?.reboot(cp).await?;
+                node_in(&mut self.nodes, node)?.reboot(self.cp).await?;
+                self.serving(node).await?;
+                self.report.recovered(name, t0.elapsed());
+            }
+            Fault::ApiServerRestart => {
+                let t0 = Instant::now();
+                self.cp
+                    .restart_component("kube-apiserver", Duration::ZERO)
+                    .await?;
+                self.all_serving().await?;
+                self.report.recovered(name, t0.elapsed());
+            }
+            Fault::EtcdOutage => {
+                let t0 = Instant::now();
+                self.cp.restart_component("etcd", ETCD_DOWN).await?;
+                self.all_serving().await?;
+                self.report
+                    .recovered(name, t0.elapsed().saturating_sub(ETCD_DOWN));
+            }
+            Fault::TornCheckpoint => {
+                let node = NODES
+                    .choose(&mut self.rng)
+                    .map(|n| n.0)
+                    .context("no nodes")?;
+                let n = node_in(&mut self.nodes, node)?;
+                // A power cut: the plugin stops mid-write, and what the kernel had not yet
+                // written is lost with the boot.
+                n.kill();
+                let records: Vec<_> = std::fs::read_dir(n.state_dir().join("claims"))
+                    .map(|d| d.flatten().map(|e| e.path()).collect())
+                    .unwrap_or_default();
+                let records: Vec<_> = records
+                    .into_iter()
+                    .filter(|p| p.extension().is_some_and(|e| e == "json"))
+                    .collect();
+                if let Some(victim) = records.choose(&mut self.rng) {
+                    let text = std::fs::read(victim)?;
+                    std::fs::write(victim, &text[..text.len() / 2])?;
+                }
+                let t0 = Instant::now();
+                node_in(&mut self.nodes, node)?.reboot(self.cp).await?;
                 self.serving(node).await?;
                 self.report.recovered(name, t0.elapsed());
             }
         }
+        Ok(())
+    }
+
+    /// Waits until every node's plugin answers ready and an operator replica leads.
+    async fn all_serving(&self) -> anyhow::Result<()> {
+        for (name, _, _) in NODES {
+            self.serving(name).await?;
+        }
+        let ops = &self.operators;
+        eventually("an operator replica to lead", SETTLE, || async {
+            for op in ops {
+                if op.leading().await {
+                    return Some(());
+                }
+            }
+            None
+        })
+        .await?;
         Ok(())
     }
 
@@ -627,4 +702,11 @@ fn running_pods(s: &Snapshot) -> u64 {
         .filter(|p| p.metadata.namespace.as_deref() == Some(NAMESPACE))
         .filter(|p| p.status.as_ref().and_then(|st| st.phase.as_deref()) == Some("Running"))
         .count() as u64
+}
+
+fn node_in<'n>(nodes: &'n mut [SimNode], name: &str) -> anyhow::Result<&'n mut SimNode> {
+    nodes
+        .iter_mut()
+        .find(|n| n.name == name)
+        .with_context(|| format!("no node {name}"))
 }
