@@ -3,10 +3,13 @@
 //! - `cargo xtask test`: formatting, lints, CRD drift, unit tests and the end-to-end tests
 //!   on a real control plane (built first if needed). `.ci/run` calls exactly this.
 //! - `cargo xtask demo`: a running local cluster with Tessera's API installed.
-//! - `cargo xtask crds [--check]`: (re)generate `crds/` from the Rust types.
-//! - `cargo xtask controlplane build|up|env|down`: the local control plane.
+//! - `cargo xtask crds [--check]`: (re)generate `crds/` from the Rust types (and the
+//!   chart's copies of them).
+//! - `cargo xtask chart [--check]`: the chart's and kustomize base's copies of `config/`.
+//! - `cargo xtask controlplane build|up|env|down`: the local control plane (and Helm).
 
 mod bench;
+mod chart;
 mod controlplane;
 mod crds;
 mod demo;
@@ -30,6 +33,9 @@ enum Command {
     Demo(demo::Args),
     /// Write crds/*.yaml from the Rust types (or, with --check, fail if they are stale).
     Crds(crds::Args),
+    /// Write the chart's and the kustomize base's copies of crds/ and config/ (or, with
+    /// --check, fail if they are stale).
+    Chart(chart::Args),
     /// Measure the plugin's own overhead (prepare/unprepare latency over the real socket,
     /// slice publishing) and print the figures.
     Bench(bench::Args),
@@ -45,6 +51,7 @@ fn main() -> anyhow::Result<()> {
         Command::Test(args) => test::run(args, &runtime),
         Command::Demo(args) => runtime.block_on(demo::run(args)),
         Command::Crds(args) => crds::run(&args),
+        Command::Chart(args) => chart::run(&args),
         Command::Bench(args) => bench::run(args, &runtime),
         Command::Controlplane(cmd) => runtime.block_on(controlplane::run(cmd)),
     }

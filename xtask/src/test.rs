@@ -50,6 +50,10 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         let root = crate::steps::repo_root()?;
         crate::crds::check(&root.join("crds"), &tessera_api::crds::render_all()?)
     })?;
+    step(
+        "chart and kustomize copies (cargo xtask chart --check)",
+        &mut || crate::chart::check(&crate::steps::repo_root()?),
+    )?;
     let mut bins = None;
     step("control plane binaries", &mut || {
         bins = Some(controlplane::build(args.version)?);
