@@ -60,6 +60,12 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         Ok(())
     })?;
     let bins = bins.ok_or_else(|| anyhow::anyhow!("no binaries"))?;
+    let mut helm = None;
+    step("helm (for the chart's install test)", &mut || {
+        helm = Some(controlplane::build_helm()?);
+        Ok(())
+    })?;
+    let helm = helm.ok_or_else(|| anyhow::anyhow!("no helm"))?;
     // The end-to-end tests start the plugin and operator binaries: build them first so
     // they never run stale ones.
     step(
@@ -82,6 +88,7 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         [
             ("TESSERA_K8S_VERSION", b.version.to_string()),
             ("TESSERA_K8S_BIN_DIR", b.dir.display().to_string()),
+            ("TESSERA_HELM", helm.display().to_string()),
         ]
     };
     step(
