@@ -6,6 +6,7 @@
 //! - `cargo xtask crds [--check]`: (re)generate `crds/` from the Rust types (and the
 //!   chart's copies of them).
 //! - `cargo xtask chart [--check]`: the chart's and kustomize base's copies of `config/`.
+//! - `cargo xtask image`: lint and build the Dockerfile with buildah, run the binaries in it.
 //! - `cargo xtask controlplane build|up|env|down`: the local control plane (and Helm).
 
 mod bench;
@@ -13,6 +14,7 @@ mod chart;
 mod controlplane;
 mod crds;
 mod demo;
+mod image;
 mod steps;
 mod test;
 
@@ -39,6 +41,9 @@ enum Command {
     /// Measure the plugin's own overhead (prepare/unprepare latency over the real socket,
     /// slice publishing) and print the figures.
     Bench(bench::Args),
+    /// Lint the Dockerfile, build the image with buildah (base made locally) and run each
+    /// binary's --version inside it.
+    Image(image::Args),
     /// Build, start, inspect or stop the local Kubernetes control plane.
     #[command(subcommand)]
     Controlplane(controlplane::Command),
@@ -53,6 +58,7 @@ fn main() -> anyhow::Result<()> {
         Command::Crds(args) => crds::run(&args),
         Command::Chart(args) => chart::run(&args),
         Command::Bench(args) => bench::run(args, &runtime),
+        Command::Image(args) => image::run(args),
         Command::Controlplane(cmd) => runtime.block_on(controlplane::run(cmd)),
     }
 }

