@@ -378,9 +378,10 @@ async fn inventory(client: &Client) -> BTreeSet<String> {
             }
             // All namespaces at once for namespaced kinds too.
             let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-            let Ok(list) = api.list(&ListParams::default()).await else {
-                continue;
-            };
+            let list = api
+                .list(&ListParams::default())
+                .await
+                .unwrap_or_else(|e| panic!("listing {}: {e}", ar.plural));
             for o in list {
                 if ar.kind == "Lease" && o.namespace().as_deref() == Some("kube-node-lease") {
                     continue;

