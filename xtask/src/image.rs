@@ -157,14 +157,15 @@ pub fn build(args: Args, timings: &mut Vec<(String, Duration)>) -> anyhow::Resul
                 .arg(&root),
         )
     })?;
-    step("--version of each binary inside the image", &mut || {
-        check_image(&image)
-    })?;
+    step(
+        "--version of each binary, and NVML loading, inside the image",
+        &mut || check_image(&image),
+    )?;
     step("remove build containers and untagged images", &mut || {
         // buildah 1.28 keeps the working containers of stages another stage copies
         // from, and each rebuild leaves the previous image untagged; under vfs every one
         // is a full copy. The storage is ours alone (under TESSERA_CACHE).
-        run_cmd(buildah()?.args(["rm", "--all"]))?;
+        output(buildah()?.args(["rm", "--all"]))?;
         let _ = buildah()?.args(["rmi", "--prune"]).output();
         Ok(())
     })?;
@@ -214,10 +215,86 @@ fn check_image(image: &str) -> anyhow::Result<()> {
             }
             println!("  {image}: {}", out.trim());
         }
-        Ok(())
+        check_nvml_loading(&container)
     })();
     let _ = buildah()?.args(["rm", &container]).output();
     result
+}
+
+/// A stand-in `libnvidia-ml.so.1` (its init reports "driver not loaded", NVML's 9); only
+/// whether the loader finds it matters.
+const NVML_STUB_C: &str = r#"
+int nvmlInitWithFlags(unsigned int flags) { (void)flags; return 9; }
+int nvmlInit_v2(void) { return 9; }
+int nvmlShutdown(void) { return 0; }
+"#;
+
+/// Where the chart mounts the host driver's NVML library in the plugin's container
+/// (`charts/tessera/templates/plugin.yaml`, volume `nvml`).
+const NVML_IN_IMAGE: &str = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1";
+
+/// The image can load NVML the way the plugin will on a node: a bare-name
+/// `dlopen("libnvidia-ml.so.1")` (what nvml-wrapper does) resolved by the image's glibc
+/// loader to the path where the chart mounts the host driver's library. Checked with the
+/// loader itself (`LD_PRELOAD` of the bare name follows the same search as that dlopen,
+/// `LD_DEBUG=libs` says what it found), because the plugin only loads NVML after it has
+/// reached an API server. No GPU needed.
+fn check_nvml_loading(container: &str) -> anyhow::Result<()> {
+    let work = tempfile::Builder::new()
+        .prefix("tessera-nvml-stub-")
+        .tempdir()
+        .context("creating a scratch directory")?;
+    let src = work.path().join("nvml.c");
+    let lib = work.path().join("libnvidia-ml.so.1");
+    std::fs::write(&src, NVML_STUB_C)?;
+    run_cmd(
+        Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&lib)
+            .arg(&src),
+    )?;
+    let preload = |container: &str| -> anyhow::Result<String> {
+        let out = buildah()?
+            .args(["run", "--isolation", "chroot"])
+            .args([
+                "--env",
+                "LD_PRELOAD=libnvidia-ml.so.1",
+                "--env",
+                "LD_DEBUG=libs",
+            ])
+            .args([
+                container,
+                "--",
+                "/usr/local/bin/tessera-plugin",
+                "--version",
+            ])
+            .output()
+            .context("running tessera-plugin in the image")?;
+        if !out.status.success() {
+            bail!(
+                "tessera-plugin --version failed in the image:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let loaded = format!("calling init: {NVML_IN_IMAGE}");
+    let without = preload(container)?;
+    if !without.contains("cannot be preloaded") || without.contains(&loaded) {
+        bail!("without a libnvidia-ml.so.1 in the image the loader should find none:\n{without}");
+    }
+    output(
+        buildah()?
+            .args(["copy", "--quiet", "--chmod", "0755", container])
+            .arg(&lib)
+            .arg(NVML_IN_IMAGE),
+    )?;
+    let with = preload(container)?;
+    if !with.contains(&loaded) {
+        bail!("the image's loader did not resolve libnvidia-ml.so.1 to {NVML_IN_IMAGE}:\n{with}");
+    }
+    println!("  libnvidia-ml.so.1 resolves to {NVML_IN_IMAGE} in the image (a stand-in here)");
+    Ok(())
 }
 
 /// Makes the runtime base unless an image with the current recipe exists.
