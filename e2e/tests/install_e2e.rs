@@ -650,3 +650,25 @@ async fn helm_install_upgrade_and_uninstall_on_real_kubelets() {
     }
     drop(kubelets);
 }
+
+#[test]
+fn the_chart_and_the_kustomize_base_install_this_release() {
+    let version = env!("CARGO_PKG_VERSION");
+    let chart: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(chart().join("Chart.yaml")).unwrap())
+            .unwrap();
+    assert_eq!(
+        chart["appVersion"].as_str(),
+        Some(version),
+        "charts/tessera/Chart.yaml appVersion (the image tag it installs) must follow the workspace version"
+    );
+    let kustomization: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo_root().join("config/default/kustomization.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        kustomization["images"][0]["newTag"].as_str(),
+        Some(version),
+        "config/default/kustomization.yaml must set the image tag to the workspace version"
+    );
+}
