@@ -297,6 +297,24 @@ fn check_nvml_loading(container: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A root file system tarball of Debian [`BASE_SUITE`] with `packages`, from the Debian
+/// mirror. `extract` unpacks just those packages (no shell, no maintainer scripts); `apt`
+/// makes a system that can run them.
+fn debian_rootfs(variant: &str, packages: &str, tarball: &Path) -> anyhow::Result<()> {
+    // SOURCE_DATE_EPOCH makes mmdebstrap's file times fixed, so the same packages give
+    // the same tarball.
+    run_cmd(
+        Command::new("mmdebstrap")
+            .env("SOURCE_DATE_EPOCH", "0")
+            .arg(format!("--variant={variant}"))
+            .args(["--format=tar", "--mode=root"])
+            .arg(format!("--include={packages}"))
+            .arg(BASE_SUITE)
+            .arg(tarball)
+            .arg("http://deb.debian.org/debian"),
+    )
+}
+
 /// Makes the runtime base unless an image with the current recipe exists.
 fn ensure_base() -> anyhow::Result<()> {
     let recipe = format!("{BASE_SUITE}\n{BASE_PACKAGES}\n{PASSWD}{GROUP}{BASE_PATH}");
@@ -310,17 +328,7 @@ fn ensure_base() -> anyhow::Result<()> {
         .tempdir()
         .context("creating a scratch directory")?;
     let rootfs = work.path().join("rootfs.tar");
-    // SOURCE_DATE_EPOCH makes mmdebstrap's file times fixed, so the same packages give
-    // the same tarball.
-    run_cmd(
-        Command::new("mmdebstrap")
-            .env("SOURCE_DATE_EPOCH", "0")
-            .args(["--variant=extract", "--format=tar", "--mode=root"])
-            .arg(format!("--include={BASE_PACKAGES}"))
-            .arg(BASE_SUITE)
-            .arg(&rootfs)
-            .arg("http://deb.debian.org/debian"),
-    )?;
+    debian_rootfs("extract", BASE_PACKAGES, &rootfs)?;
     std::fs::write(work.path().join("passwd"), PASSWD)?;
     std::fs::write(work.path().join("group"), GROUP)?;
     let container = output(buildah()?.args(["from", "scratch"]))?
@@ -382,15 +390,7 @@ fn ensure_builder() -> anyhow::Result<String> {
         .tempdir()
         .context("creating a scratch directory")?;
     let rootfs = work.path().join("rootfs.tar");
-    run_cmd(
-        Command::new("mmdebstrap")
-            .env("SOURCE_DATE_EPOCH", "0")
-            .args(["--variant=apt", "--format=tar", "--mode=root"])
-            .arg(format!("--include={BUILDER_PACKAGES}"))
-            .arg(BASE_SUITE)
-            .arg(&rootfs)
-            .arg("http://deb.debian.org/debian"),
-    )?;
+    debian_rootfs("apt", BUILDER_PACKAGES, &rootfs)?;
     let container = output(buildah()?.args(["from", "scratch"]))?
         .trim()
         .to_string();
