@@ -351,7 +351,7 @@ pub fn staging_modules(k8s_go_mod: &str) -> Vec<String> {
 }
 
 /// The `go` directive of a go.mod (e.g. `1.26.0`).
-fn go_directive(go_mod: &str) -> Option<&str> {
+pub(crate) fn go_directive(go_mod: &str) -> Option<&str> {
     go_mod
         .lines()
         .find_map(|l| l.trim().strip_prefix("go ").map(str::trim))
@@ -387,7 +387,7 @@ pub fn render_go_mod(module: &str, version: K8sVersion, k8s_go_mod: &str) -> Str
     out
 }
 
-fn tools_go(imports: &[String]) -> String {
+pub(crate) fn tools_go(imports: &[String]) -> String {
     let mut out = String::from(
         "//go:build tools\n\n// Keeps the commands in the module graph.\npackage tools\n\nimport (\n",
     );
@@ -570,7 +570,7 @@ fn go_command(args: &[&str], dir: &Path) -> Command {
     cmd
 }
 
-fn go_output(args: &[&str], dir: &Path) -> Result<String> {
+pub(crate) fn go_output(args: &[&str], dir: &Path) -> Result<String> {
     let out = go_command(args, dir).output().map_err(Error::GoMissing)?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -586,7 +586,7 @@ fn go_output(args: &[&str], dir: &Path) -> Result<String> {
 /// Runs `go`, reporting progress every 20 s (how many packages `-v` has listed so far, or
 /// that it is still linking when it lists nothing), and keeps the last lines of output for
 /// the error.
-fn go_run(args: &[&str], dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<()> {
+pub(crate) fn go_run(args: &[&str], dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<()> {
     let mut child = go_command(args, dir)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -662,7 +662,7 @@ fn go_failed(args: &[&str], dir: &Path, tail: Vec<String>) -> Error {
     }
 }
 
-fn create_dir(path: &Path) -> Result<()> {
+pub(crate) fn create_dir(path: &Path) -> Result<()> {
     std::fs::create_dir_all(path).map_err(|source| Error::Io {
         action: "creating",
         path: path.to_path_buf(),
@@ -670,7 +670,7 @@ fn create_dir(path: &Path) -> Result<()> {
     })
 }
 
-fn write(path: &Path, text: &str) -> Result<()> {
+pub(crate) fn write(path: &Path, text: &str) -> Result<()> {
     std::fs::write(path, text).map_err(|source| Error::Io {
         action: "writing",
         path: path.to_path_buf(),
@@ -686,7 +686,7 @@ fn read(path: &Path) -> Result<String> {
     })
 }
 
-fn rename(from: &Path, to: &Path) -> Result<()> {
+pub(crate) fn rename(from: &Path, to: &Path) -> Result<()> {
     std::fs::rename(from, to).map_err(|source| Error::Io {
         action: "moving into place",
         path: from.to_path_buf(),

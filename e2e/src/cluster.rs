@@ -465,7 +465,7 @@ pub async fn apply_yaml(
     Ok(out)
 }
 
-/// Applies every `*.yaml` file of a directory (sorted by name).
+/// Applies every `*.yaml` file of a directory (sorted by name) but its `kustomization.yaml`.
 pub async fn apply_dir(client: &Client, dir: &Path, dry_run: bool) -> Result<Vec<Applied>> {
     let discovery = Discovery::new(client.clone())
         .run()
@@ -479,6 +479,9 @@ pub async fn apply_dir(client: &Client, dir: &Path, dry_run: bool) -> Result<Vec
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        // A directory's kustomization (config/rbac, config/deviceclasses) lists its files
+        // for `kubectl apply -k`; it is no object for the API server.
+        .filter(|p| !p.ends_with("kustomization.yaml"))
         .collect();
     files.sort();
     let mut out = Vec::new();

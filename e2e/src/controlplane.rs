@@ -121,6 +121,9 @@ pub struct ControlPlaneOptions {
     /// sets it so that on a small machine the control plane yields the CPU to the process
     /// measured, as it would from its own machines in a real cluster.
     pub nice: Option<i32>,
+    /// kube-controller-manager controllers to run besides the test bed's own, e.g.
+    /// `deployment-controller` for a test that installs workloads as a user would.
+    pub extra_controllers: Vec<String>,
 }
 
 impl ControlPlaneOptions {
@@ -131,6 +134,7 @@ impl ControlPlaneOptions {
             dir: None,
             extra_feature_gates: Vec::new(),
             nice: None,
+            extra_controllers: Vec::new(),
         }
     }
 }
@@ -164,6 +168,7 @@ pub struct ControlPlane {
     detached: bool,
     extra_gates: Vec<String>,
     nice: Option<i32>,
+    extra_controllers: Vec<String>,
 }
 
 impl ControlPlane {
@@ -193,6 +198,7 @@ impl ControlPlane {
         let mut cp = Self {
             extra_gates,
             nice: opts.nice,
+            extra_controllers: opts.extra_controllers,
             kubeconfig: dir.join("admin.kubeconfig"),
             dir,
             temp,
@@ -335,10 +341,16 @@ impl ControlPlane {
         };
         self.spawn("kube-scheduler", delegated(sched_port), &logs)?;
         let mut kcm = delegated(kcm_port);
-        kcm.push(
-            "--controllers=resourceclaim-controller,garbage-collector-controller,namespace-controller,serviceaccount-controller"
-                .into(),
-        );
+        let controllers: Vec<&str> = [
+            "resourceclaim-controller",
+            "garbage-collector-controller",
+            "namespace-controller",
+            "serviceaccount-controller",
+        ]
+        .into_iter()
+        .chain(self.extra_controllers.iter().map(String::as_str))
+        .collect();
+        kcm.push(format!("--controllers={}", controllers.join(",")));
         self.spawn("kube-controller-manager", kcm, &logs)?;
         self.ready_is("kube-scheduler", Ready::Https(sched_port));
         self.ready_is("kube-controller-manager", Ready::Https(kcm_port));

@@ -4,6 +4,7 @@
 //!   etcd from source through the Go module proxy and caches them by version.
 //! - [`controlplane`] starts them on loopback with RBAC, service-account tokens and the DRA
 //!   features of that version, and tears everything down again, also when a test panics.
+//! - [`helm`] builds Helm the same way, for the chart's install test.
 //! - [`cluster`] helpers: Nodes, ServiceAccount clients, waiting for conditions.
 //! - [`kubelet`] runs the real kubelet code for a simulated node (a hollow kubelet with
 //!   the kubelet's real DRA manager; only the container runtime is simulated), and
@@ -20,6 +21,7 @@ pub mod chaos;
 pub mod cluster;
 pub mod controlplane;
 pub mod demo;
+pub mod helm;
 pub mod kubelet;
 pub mod operator;
 pub mod plugin;

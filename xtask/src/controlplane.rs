@@ -12,8 +12,8 @@ use crate::steps::{human, timed};
 
 #[derive(clap::Subcommand)]
 pub enum Command {
-    /// Build kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and etcd from
-    /// the Go module proxy into the cache (skips what is cached).
+    /// Build kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, the
+    /// hollow kubelet and Helm from the Go module proxy into the cache (skips what is cached).
     Build(VersionArg),
     /// Start the control plane and print the KUBECONFIG export.
     Up {
@@ -68,11 +68,25 @@ pub fn build(version: Option<K8sVersion>) -> anyhow::Result<BinDir> {
     Ok(bins)
 }
 
+/// Builds Helm (for the chart's install test) unless it is cached; prints the build time.
+pub fn build_helm() -> anyhow::Result<PathBuf> {
+    let (helm, _) = timed(
+        &format!(
+            "helm {} from the Go module proxy",
+            tessera_e2e::helm::HELM_VERSION
+        ),
+        || Ok(tessera_e2e::helm::ensure(&mut |line| println!("{line}"))?),
+    )?;
+    Ok(helm)
+}
+
 pub async fn run(cmd: Command) -> anyhow::Result<()> {
     match cmd {
         Command::Build(v) => {
             let bins = build(v.version)?;
             println!("binaries in {}", bins.dir.display());
+            let helm = build_helm()?;
+            println!("helm in {}", helm.display());
             Ok(())
         }
         Command::Up { version, detach } => up(version.version, detach).await,

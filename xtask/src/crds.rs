@@ -29,7 +29,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         std::fs::remove_file(&stale).with_context(|| format!("removing {}", stale.display()))?;
         println!("removed {} (no such CRD any more)", stale.display());
     }
-    Ok(())
+    // The chart and the kustomize base carry copies; keep them in step.
+    crate::chart::write(&repo_root()?)
 }
 
 pub fn check(dir: &std::path::Path, rendered: &[(String, String)]) -> anyhow::Result<()> {

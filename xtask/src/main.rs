@@ -3,15 +3,20 @@
 //! - `cargo xtask test`: formatting, lints, CRD drift, unit tests and the end-to-end tests
 //!   on a real control plane (built first if needed). `.ci/run` calls exactly this.
 //! - `cargo xtask demo`: a running local cluster with Tessera's API installed.
-//! - `cargo xtask crds [--check]`: (re)generate `crds/` from the Rust types.
+//! - `cargo xtask crds [--check]`: (re)generate `crds/` from the Rust types (and the
+//!   chart's copies of them).
+//! - `cargo xtask chart [--check]`: the chart's and kustomize base's copies of `config/`.
 //! - `cargo xtask chaos [--seed N] [--steps N]`: the fault campaign and its report.
-//! - `cargo xtask controlplane build|up|env|down`: the local control plane.
+//! - `cargo xtask image`: lint and build the Dockerfile with buildah, run the binaries in it.
+//! - `cargo xtask controlplane build|up|env|down`: the local control plane (and Helm).
 
 mod bench;
 mod chaos;
+mod chart;
 mod controlplane;
 mod crds;
 mod demo;
+mod image;
 mod steps;
 mod test;
 
@@ -32,12 +37,18 @@ enum Command {
     Demo(demo::Args),
     /// Write crds/*.yaml from the Rust types (or, with --check, fail if they are stale).
     Crds(crds::Args),
+    /// Write the chart's and the kustomize base's copies of crds/ and config/ (or, with
+    /// --check, fail if they are stale).
+    Chart(chart::Args),
     /// Measure the plugin's own overhead (prepare/unprepare latency over the real socket,
     /// slice publishing) and print the figures.
     Bench(bench::Args),
     /// Run the fault campaign: a workload under injected faults, invariants checked after
     /// each, and a report with recovery times.
     Chaos(chaos::Args),
+    /// Lint the Dockerfile, build the image with buildah (base made locally) and run each
+    /// binary's --version inside it.
+    Image(image::Args),
     /// Build, start, inspect or stop the local Kubernetes control plane.
     #[command(subcommand)]
     Controlplane(controlplane::Command),
@@ -50,8 +61,10 @@ fn main() -> anyhow::Result<()> {
         Command::Test(args) => test::run(args, &runtime),
         Command::Demo(args) => runtime.block_on(demo::run(args)),
         Command::Crds(args) => crds::run(&args),
+        Command::Chart(args) => chart::run(&args),
         Command::Bench(args) => bench::run(args, &runtime),
         Command::Chaos(args) => runtime.block_on(chaos::run(args)),
+        Command::Image(args) => image::run(args),
         Command::Controlplane(cmd) => runtime.block_on(controlplane::run(cmd)),
     }
 }

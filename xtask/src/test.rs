@@ -50,12 +50,22 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         let root = crate::steps::repo_root()?;
         crate::crds::check(&root.join("crds"), &tessera_api::crds::render_all()?)
     })?;
+    step(
+        "chart and kustomize copies (cargo xtask chart --check)",
+        &mut || crate::chart::check(&crate::steps::repo_root()?),
+    )?;
     let mut bins = None;
     step("control plane binaries", &mut || {
         bins = Some(controlplane::build(args.version)?);
         Ok(())
     })?;
     let bins = bins.ok_or_else(|| anyhow::anyhow!("no binaries"))?;
+    let mut helm = None;
+    step("helm (for the chart's install test)", &mut || {
+        helm = Some(controlplane::build_helm()?);
+        Ok(())
+    })?;
+    let helm = helm.ok_or_else(|| anyhow::anyhow!("no helm"))?;
     // The end-to-end tests start the plugin and operator binaries and install the
     // simulated driver (its library and tools) on every node: build them first so they
     // never run stale ones.
@@ -82,6 +92,7 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         [
             ("TESSERA_K8S_VERSION", b.version.to_string()),
             ("TESSERA_K8S_BIN_DIR", b.dir.display().to_string()),
+            ("TESSERA_HELM", helm.display().to_string()),
         ]
     };
     step(
