@@ -199,7 +199,7 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
         mps_root: args.state_dir.join("mps"),
         caps_root: args.nvidia_caps_root.clone(),
         metrics: metrics.clone(),
-        background: background.handle().clone(),
+        background: background.handle.clone(),
         status_rate: RateLimiter::new(args.claim_status_qps, args.claim_status_burst),
     })
     .map_err(Error::Checkpoint)?;
@@ -271,12 +271,36 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
         what: "node loop",
         source,
     });
-    background.shutdown_background();
+    drop(background);
     served?;
     looped
 }
 
-fn background_runtime() -> Result<tokio::runtime::Runtime, Error> {
+/// The background runtime, shut down without waiting when dropped. Dropping a runtime
+/// waits for its tasks, which panics inside the async [`run`]: an early `?` return (no
+/// API server, no driver) would end start-up with that panic instead of its error.
+struct Background {
+    handle: tokio::runtime::Handle,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl std::ops::Deref for Background {
+    type Target = tokio::runtime::Handle;
+
+    fn deref(&self) -> &Self::Target {
+        &self.handle
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+fn background_runtime() -> Result<Background, Error> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("tessera-background")
@@ -289,6 +313,10 @@ fn background_runtime() -> Result<tokio::runtime::Runtime, Error> {
         })
         .enable_all()
         .build()
+        .map(|rt| Background {
+            handle: rt.handle().clone(),
+            runtime: Some(rt),
+        })
         .map_err(Error::Runtime)
 }
 
