@@ -94,9 +94,10 @@ fn current_faults(record: &Record, gpus: &[GpuInfo]) -> BTreeMap<u32, GpuHealthS
         .gpus
         .iter()
         .filter_map(|(uuid, fault)| {
-            let same = gpus
-                .iter()
-                .any(|g| g.index == fault.index && &g.uuid == uuid);
+            // A GPU that cannot be read at all is no proof that it was replaced.
+            let same = gpus.iter().any(|g| {
+                g.index == fault.index && (&g.uuid == uuid || g.is_unreadable())
+            });
             if !same {
                 tracing::info!(gpu = fault.index, %uuid, "the GPU that faulted was replaced; its fault is cleared");
             }

@@ -49,7 +49,17 @@ impl NodeGpus {
         let gpus = backend.gpus()?;
         let mut layouts = BTreeMap::new();
         let mut unreadable = BTreeMap::new();
-        for g in gpus.iter().filter(|g| g.mig_capable) {
+        for g in &gpus {
+            if g.is_unreadable() {
+                unreadable.insert(
+                    g.index,
+                    "the driver lists the GPU but cannot read it (fallen off the bus?)".into(),
+                );
+                continue;
+            }
+            if !g.mig_capable {
+                continue;
+            }
             match backend.mig_layout(g.index) {
                 Ok(Some(l)) => {
                     layouts.insert(g.index, l);

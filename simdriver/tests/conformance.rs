@@ -317,6 +317,8 @@ fn faults_reach_the_nvml_backend_through_the_driver() {
     let d = doors(
         "gpus: [{model: h100-80gb, migEnabled: true}, {model: h100-80gb}]\nlatencies: zero\n",
     );
+    // Read once while every GPU answers, as the plugin does at start-up.
+    assert_eq!(d.nvml.gpus().expect("gpus").len(), 2);
     let mut health = d.nvml.health_events();
     std::fs::write(
         d.root.faults(),
@@ -366,6 +368,15 @@ fn faults_reach_the_nvml_backend_through_the_driver() {
         Outcome::GpuLost
     );
     assert_eq!(outcome(&d.nvml.set_mig_mode(1, true)), Outcome::Ok);
+    // The node's other GPUs are still listed: the lost one as this process last read it,
+    // and, for a process started after the loss, without identity.
+    let before = d.nvml.gpus().expect("a lost GPU does not fail the listing");
+    assert_eq!(before.len(), 2);
+    assert!(!before[0].is_unreadable() && before[0].uuid.starts_with("GPU-"));
+    let restarted = NvmlBackend::with_driver_root(DriverRoot::new(d.root.path())).expect("load");
+    let after = restarted.gpus().expect("listing after a restart");
+    assert!(after[0].is_unreadable(), "{:?}", after[0]);
+    assert!(!after[1].is_unreadable());
 }
 
 fn recv(

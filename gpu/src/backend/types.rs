@@ -14,7 +14,8 @@ use crate::{catalog::Architecture, geometry::PlacementError};
 pub struct GpuInfo {
     /// NVML index.
     pub index: u32,
-    /// `GPU-…` UUID.
+    /// `GPU-…` UUID; empty for a GPU the driver lists but cannot read (see
+    /// [`GpuInfo::unreadable`]).
     pub uuid: String,
     /// NVML product name, e.g. `NVIDIA H200`.
     pub product_name: String,
@@ -44,6 +45,33 @@ pub struct GpuInfo {
 }
 
 impl GpuInfo {
+    /// A GPU at `index` that the driver lists but whose identity cannot be read (it fell
+    /// off the bus before this process first read it): no UUID, no model, nothing
+    /// capable; [`GpuInfo::is_unreadable`] tells it apart.
+    pub fn unreadable(index: u32) -> Self {
+        Self {
+            index,
+            uuid: String::new(),
+            product_name: String::new(),
+            model: None,
+            memory_mib: 0,
+            architecture: Architecture::Unknown,
+            compute_capability: String::new(),
+            minor_number: None,
+            pci_bus_id: String::new(),
+            mig_capable: false,
+            mig_enabled: false,
+            mig_pending: false,
+            compute_mode: ComputeMode::Default,
+            driver_version: None,
+        }
+    }
+
+    /// Whether this is a GPU whose identity could not be read.
+    pub fn is_unreadable(&self) -> bool {
+        self.uuid.is_empty()
+    }
+
     /// A GPU of a catalogue model at `index`, with MIG off and placeholder identity
     /// (UUID, PCI bus id, device minor derived from the index). Simulated nodes, fixtures
     /// and benchmarks start from this and override what they know better.

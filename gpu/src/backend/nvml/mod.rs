@@ -69,6 +69,8 @@ pub struct NvmlBackend {
     health_started: Once,
     mps: mps::Mps,
     root: root::DriverRoot,
+    /// The last good read of each GPU, by index.
+    known: Mutex<std::collections::BTreeMap<u32, GpuInfo>>,
 }
 
 impl Drop for NvmlBackend {
@@ -145,6 +147,7 @@ impl NvmlBackend {
             health_started: Once::new(),
             mps: mps::Mps::new(root.tool(mps::MPS_CONTROL)),
             root,
+            known: Mutex::default(),
         })
     }
 
@@ -307,13 +310,33 @@ impl GpuBackend for NvmlBackend {
         let _g = self.guard();
         let err = |k| BackendError::new(None, Operation::ListGpus, k);
         let count = self.nvml.device_count().map_err(|e| err(map_nvml(e)))?;
-        (0..count)
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        Ok((0..count)
             .map(|i| {
-                let dev = self.nvml.device_by_index(i).map_err(|e| err(map_nvml(e)))?;
-                self.info(i, &dev)
-                    .map_err(|k| BackendError::new(i, Operation::ListGpus, k))
+                let read = self
+                    .nvml
+                    .device_by_index(i)
+                    .map_err(map_nvml)
+                    .and_then(|dev| self.info(i, &dev));
+                match read {
+                    Ok(info) => {
+                        known.insert(i, info.clone());
+                        info
+                    }
+                    // A GPU that fell off the bus answers nothing, not even its handle:
+                    // the node's other GPUs must still be listed. What this process read
+                    // of it before stands; else it is listed without identity (an empty
+                    // UUID), and every operation on it fails.
+                    Err(e) => {
+                        tracing::warn!(gpu = i, error = %e, "cannot read the GPU");
+                        known
+                            .get(&i)
+                            .cloned()
+                            .unwrap_or_else(|| GpuInfo::unreadable(i))
+                    }
+                }
             })
-            .collect()
+            .collect())
     }
 
     fn mig_layout(&self, gpu: u32) -> Result<Option<MigLayout>, BackendError> {
