@@ -7,6 +7,7 @@
 //! <root>/usr/bin/nvidia-smi                   the tools, backed by the same hardware
 //! <root>/usr/bin/nvidia-cuda-mps-control
 //! <root>/dev/nvidiactl, <root>/dev/nvidia<N>  the device files CDI specs name
+//! <root>/dev/nvidia-caps/nvidia-cap<N>        one per GPU and compute instance
 //! <root>/proc/driver/nvidia/capabilities/     MIG capability files (DeviceFileMinor)
 //! <root>/etc/tessera-sim/inventory.yaml       the node's GPUs
 //! <root>/var/lib/tessera-sim/state.json       the hardware: MIG mode, instances, MPS
@@ -165,6 +166,7 @@ impl SimRoot {
             faults_path: Some(self.faults()),
             latencies: None,
             caps_root: Some(self.caps_root()),
+            dev_root: Some(self.dev()),
             shared: true,
         })
     }

@@ -192,6 +192,26 @@ fn mig_operations_agree_through_both_doors() {
     })
     .expect("created");
     assert!(with_ci.compute_instances[0].uuid.starts_with("MIG-"));
+    // The capability nodes a MIG device's CDI spec names exist in the root, at the minors
+    // the capability files publish.
+    let cap_nodes = |gi: u32, ci: u32| -> Vec<std::path::PathBuf> {
+        let dir = d.root.caps_root().join(format!("gpu0/mig/gi{gi}"));
+        [dir.join("access"), dir.join(format!("ci{ci}/access"))]
+            .iter()
+            .map(|f| {
+                let text = std::fs::read_to_string(f).expect("capability file");
+                let minor = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("DeviceFileMinor:"))
+                    .expect("a minor")
+                    .trim()
+                    .to_string();
+                d.root.dev().join(format!("nvidia-caps/nvidia-cap{minor}"))
+            })
+            .collect()
+    };
+    let nodes = cap_nodes(gi.gpu_instance_id, with_ci.compute_instances[0].id);
+    assert!(nodes.iter().all(|n| n.exists()), "{nodes:?}");
     refused(
         &d,
         "a second full-size compute instance",
@@ -220,6 +240,7 @@ fn mig_operations_agree_through_both_doors() {
         b.destroy_gpu_instance(0, gi.gpu_instance_id)
     })
     .expect("destroyed");
+    assert!(nodes.iter().all(|n| !n.exists()), "{nodes:?}");
     assert_eq!(shape(&d.sim, 0), shape(&d.nvml, 0));
     // The driver's hardware is the root's state file: what the library did is there.
     let state = tessera_gpu::backend::sim::state::load_state(&d.root.state())

@@ -47,6 +47,41 @@ pub fn publish(root: &Path, state: &SimState) -> io::Result<()> {
     Ok(())
 }
 
+/// Rewrites `<dev>/nvidia-caps/` to hold one `nvidia-cap<N>` file per GPU and compute
+/// instance in `state` (the node a container of that instance is given).
+pub fn publish_nodes(dev: &Path, state: &SimState) -> io::Result<()> {
+    let dir = dev.join("nvidia-caps");
+    fs::create_dir_all(&dir)?;
+    let mut want = std::collections::BTreeSet::new();
+    for g in &state.gpus {
+        for gi in &g.instances {
+            want.insert(minor(g.index, gi.id, None));
+            for ci in &gi.compute_instances {
+                want.insert(minor(g.index, gi.id, Some(ci.id)));
+            }
+        }
+    }
+    for entry in fs::read_dir(&dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let stale = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("nvidia-cap"))
+            .and_then(|n| n.parse::<u32>().ok())
+            .is_some_and(|n| !want.contains(&n));
+        if stale {
+            fs::remove_file(entry.path())?;
+        }
+    }
+    for n in want {
+        let path = dir.join(format!("nvidia-cap{n}"));
+        if !path.exists() {
+            fs::write(path, b"")?;
+        }
+    }
+    Ok(())
+}
+
 fn write_access(dir: &Path, minor: u32) -> io::Result<()> {
     fs::write(
         dir.join("access"),

@@ -33,6 +33,7 @@ pub(super) struct Inner {
     pub(super) latencies: SimLatencies,
     pub(super) events: broadcast::Sender<HealthEvent>,
     pub(super) caps_root: Option<PathBuf>,
+    pub(super) dev_root: Option<PathBuf>,
     pub(super) shared: Option<Shared>,
 }
 
@@ -136,6 +137,14 @@ impl Inner {
 
     /// Publishes the MIG capability files of the current instances (see [`super::caps`]).
     pub(super) fn publish_caps(&self) -> Result<(), ErrorKind> {
+        if let Some(dev) = &self.dev_root {
+            super::caps::publish_nodes(dev, &self.state).map_err(|e| {
+                ErrorKind::io(
+                    format!("creating the MIG capability nodes under {}", dev.display()),
+                    e,
+                )
+            })?;
+        }
         let Some(root) = &self.caps_root else {
             return Ok(());
         };

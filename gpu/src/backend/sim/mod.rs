@@ -62,6 +62,10 @@ pub struct SimConfig {
     /// Where to publish the MIG capability files, as the driver does under
     /// `/proc/driver/nvidia/capabilities` (see [`caps`]); not published when `None`.
     pub caps_root: Option<PathBuf>,
+    /// Where to create the capability device nodes of the instances
+    /// (`<dev>/nvidia-caps/nvidia-cap<N>`, the paths a MIG device's CDI spec names), as
+    /// `nvidia-modprobe` does on a real node; not created when `None`.
+    pub dev_root: Option<PathBuf>,
     /// The state file is the hardware of several processes at once (the simulated
     /// driver in the plugin, its `nvidia-smi` and MPS daemon): every operation holds an
     /// exclusive lock on `<state>.lock` and rereads the state another process changed,
@@ -122,6 +126,7 @@ impl SimBackend {
             latencies,
             events: events.clone(),
             caps_root: config.caps_root,
+            dev_root: config.dev_root,
             shared,
         };
         if fresh {
