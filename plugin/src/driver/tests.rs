@@ -19,6 +19,7 @@ use crate::{
     ratelimit::RateLimiter,
 };
 
+mod corpus;
 mod layout;
 
 const DRIVER: &str = "gpu.tessera.dev";

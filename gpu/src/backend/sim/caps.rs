@@ -23,20 +23,48 @@ pub fn minor(gpu_minor: u32, gi: u32, ci: Option<u32>) -> u32 {
     ci.map_or(gi_minor, |ci| gi_minor + 1 + ci)
 }
 
-/// Rewrites the capability tree under `root` to match the instances in `state`.
+/// Brings the capability tree under `root` to the instances in `state`: files of
+/// instances that exist are left in place (a reader of one must never find it missing
+/// while another instance comes or goes, as with the driver's own files), those of
+/// instances gone are removed, new ones are added.
 pub fn publish(root: &Path, state: &SimState) -> io::Result<()> {
     for g in &state.gpus {
         // The simulated node numbers its device files like its indices.
         let mig = root.join(format!("gpu{}", g.index)).join("mig");
-        match fs::remove_dir_all(&mig) {
-            Ok(()) => {}
+        let want: std::collections::BTreeMap<String, &super::state::SimGpuInstance> = g
+            .instances
+            .iter()
+            .map(|gi| (format!("gi{}", gi.id), gi))
+            .collect();
+        match fs::read_dir(&mig) {
+            Ok(entries) => {
+                for entry in entries {
+                    let entry = entry?;
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    if !want.contains_key(&name) {
+                        fs::remove_dir_all(entry.path())?;
+                    }
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
-        for gi in &g.instances {
-            let dir = mig.join(format!("gi{}", gi.id));
+        for (name, gi) in want {
+            let dir = mig.join(name);
             fs::create_dir_all(&dir)?;
             write_access(&dir, minor(g.index, gi.id, None))?;
+            let cis: std::collections::BTreeSet<String> = gi
+                .compute_instances
+                .iter()
+                .map(|ci| format!("ci{}", ci.id))
+                .collect();
+            for entry in fs::read_dir(&dir)? {
+                let entry = entry?;
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name.starts_with("ci") && !cis.contains(&name) {
+                    fs::remove_dir_all(entry.path())?;
+                }
+            }
             for ci in &gi.compute_instances {
                 let ci_dir = dir.join(format!("ci{}", ci.id));
                 fs::create_dir_all(&ci_dir)?;
@@ -82,11 +110,15 @@ pub fn publish_nodes(dev: &Path, state: &SimState) -> io::Result<()> {
     Ok(())
 }
 
+/// Writes an `access` file, only when its content differs: a reader never sees it
+/// truncated, since an unchanged file is not rewritten and a new one is renamed in whole.
 fn write_access(dir: &Path, minor: u32) -> io::Result<()> {
-    fs::write(
-        dir.join("access"),
-        format!("DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n"),
-    )
+    let path = dir.join("access");
+    let text = format!("DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n");
+    if fs::read_to_string(&path).is_ok_and(|t| t == text) {
+        return Ok(());
+    }
+    super::state::write_atomic(&path, text.as_bytes())
 }
 
 #[cfg(test)]
