@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use tessera_e2e::{K8sVersion, chaos, cluster};
 
-use crate::{controlplane, steps::cargo};
+use crate::{controlplane, steps::build_node_binaries};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -27,29 +27,7 @@ pub struct Args {
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     println!("==> building tessera-plugin, tessera-operator and the simulated NVIDIA driver");
-    cargo(
-        &[
-            "build",
-            "--quiet",
-            "-p",
-            "tessera-plugin",
-            "-p",
-            "tessera-operator",
-            "--bins",
-        ],
-        &[],
-    )?;
-    cargo(
-        &[
-            "build",
-            "--quiet",
-            "-p",
-            "tessera-simdriver",
-            "--lib",
-            "--bins",
-        ],
-        &[],
-    )?;
+    build_node_binaries()?;
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

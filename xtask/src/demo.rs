@@ -12,7 +12,7 @@ use tessera_e2e::{K8sVersion, cluster, demo::DemoCluster};
 
 use crate::{
     controlplane,
-    steps::{cargo, repo_root},
+    steps::{build_node_binaries, repo_root},
 };
 
 #[derive(clap::Args)]
@@ -27,29 +27,7 @@ pub struct Args {
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     println!("==> building tessera-plugin, tessera-operator and the simulated NVIDIA driver");
-    cargo(
-        &[
-            "build",
-            "--quiet",
-            "-p",
-            "tessera-plugin",
-            "-p",
-            "tessera-operator",
-            "--bins",
-        ],
-        &[],
-    )?;
-    cargo(
-        &[
-            "build",
-            "--quiet",
-            "-p",
-            "tessera-simdriver",
-            "--lib",
-            "--bins",
-        ],
-        &[],
-    )?;
+    build_node_binaries()?;
     let cp = controlplane::start(args.version, "default").await?;
     let client = cp.admin_client().await?;
     let root = repo_root()?;

@@ -54,3 +54,31 @@ pub fn cargo(args: &[&str], envs: &[(&str, String)]) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Builds what a simulated node runs: the plugin and operator binaries and the simulated
+/// NVIDIA driver (its library and tools), quietly, at the dev profile.
+pub fn build_node_binaries() -> anyhow::Result<()> {
+    cargo(
+        &[
+            "build",
+            "--quiet",
+            "-p",
+            "tessera-plugin",
+            "-p",
+            "tessera-operator",
+            "--bins",
+        ],
+        &[],
+    )?;
+    cargo(
+        &[
+            "build",
+            "--quiet",
+            "-p",
+            "tessera-simdriver",
+            "--lib",
+            "--bins",
+        ],
+        &[],
+    )
+}

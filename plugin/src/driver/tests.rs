@@ -102,12 +102,17 @@ impl TestNode {
 
     /// A claim allocated `devices` of this node, known to the API.
     fn claim(&self, uid: &str, devices: &[String]) -> ClaimRef {
+        self.allocated(uid, DRIVER, NODE, devices)
+    }
+
+    /// A claim allocated `devices` of `driver` in `pool`, known to the API.
+    fn allocated(&self, uid: &str, driver: &str, pool: &str, devices: &[String]) -> ClaimRef {
         let results = devices
             .iter()
             .enumerate()
             .map(|(i, d)| DeviceRequestAllocationResult {
-                driver: DRIVER.into(),
-                pool: NODE.into(),
+                driver: driver.into(),
+                pool: pool.into(),
                 device: d.clone(),
                 request: format!("r{i}"),
                 ..Default::default()

@@ -242,6 +242,7 @@ pub extern "C" fn nvmlDeviceGetPciInfo_v3(
                 .unwrap_or(0)
         };
         let (domain, bus, dev) = (next(), next(), next());
+        // SAFETY: a C struct of integers and char arrays: all zero is a value.
         let mut info: nvmlPciInfo_t = unsafe { std::mem::zeroed() };
         super::fill(&mut info.busId, &g.pci_bus_id);
         super::fill(

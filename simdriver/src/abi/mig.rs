@@ -102,36 +102,31 @@ pub extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
         let p = profile_at(device, profile)?;
         let (id, slices, count, sms, [ce, dec, enc, jpeg, ofa], mem) = profile_fields(p);
         let name = format!("MIG {}", p.name);
+        // The two versions share every field but their tail (v2: isP2pSupported, v3:
+        // capabilities), so one body fills either.
+        macro_rules! profile_info {
+            ($t:ty) => {{
+                // SAFETY: a C struct of integers and a char array: all zero is a value.
+                let mut out: $t = unsafe { std::mem::zeroed() };
+                out.version = version;
+                out.id = id;
+                out.sliceCount = slices;
+                out.instanceCount = count;
+                out.multiprocessorCount = sms;
+                out.copyEngineCount = ce;
+                out.decoderCount = dec;
+                out.encoderCount = enc;
+                out.jpegCount = jpeg;
+                out.ofaCount = ofa;
+                out.memorySizeMB = mem;
+                fill(&mut out.name, &name);
+                put(info.cast::<$t>(), out)
+            }};
+        }
         if version == v2 {
-            let mut out: nvmlGpuInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
-            out.version = version;
-            out.id = id;
-            out.sliceCount = slices;
-            out.instanceCount = count;
-            out.multiprocessorCount = sms;
-            out.copyEngineCount = ce;
-            out.decoderCount = dec;
-            out.encoderCount = enc;
-            out.jpegCount = jpeg;
-            out.ofaCount = ofa;
-            out.memorySizeMB = mem;
-            fill(&mut out.name, &name);
-            put(info, out)
+            profile_info!(nvmlGpuInstanceProfileInfo_v2_t)
         } else if version == v3 {
-            let mut out: nvmlGpuInstanceProfileInfo_v3_t = unsafe { std::mem::zeroed() };
-            out.version = version;
-            out.id = id;
-            out.sliceCount = slices;
-            out.instanceCount = count;
-            out.multiprocessorCount = sms;
-            out.copyEngineCount = ce;
-            out.decoderCount = dec;
-            out.encoderCount = enc;
-            out.jpegCount = jpeg;
-            out.ofaCount = ofa;
-            out.memorySizeMB = mem;
-            fill(&mut out.name, &name);
-            put(info.cast::<nvmlGpuInstanceProfileInfo_v3_t>(), out)
+            profile_info!(nvmlGpuInstanceProfileInfo_v3_t)
         } else {
             Err(codes::ARGUMENT_VERSION_MISMATCH)
         }

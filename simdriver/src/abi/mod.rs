@@ -67,6 +67,7 @@ fn driver() -> Result<Arc<Driver>, Code> {
 
 /// The path of this library, from the dynamic loader.
 fn own_path() -> Option<std::path::PathBuf> {
+    // SAFETY: a C struct of pointers: all zero (null) is a value.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     let addr = nvmlInit_v2 as *const () as *const libc::c_void;
     // SAFETY: dladdr only reads the loader's tables and fills `info`.

@@ -42,32 +42,7 @@ fn entry() -> impl Strategy<Value = Entry> {
 }
 
 fn allocated(node: &TestNode, uid: &str, driver: &str, pool: &str, device: &str) -> ClaimRef {
-    let mut claim = ResourceClaim::default();
-    claim.metadata.namespace = Some("ns".into());
-    claim.metadata.name = Some(format!("claim-{uid}"));
-    claim.metadata.uid = Some(uid.into());
-    claim.status = Some(ResourceClaimStatus {
-        allocation: Some(AllocationResult {
-            devices: Some(DeviceAllocationResult {
-                results: Some(vec![DeviceRequestAllocationResult {
-                    driver: driver.into(),
-                    pool: pool.into(),
-                    device: device.into(),
-                    request: "r0".into(),
-                    ..Default::default()
-                }]),
-                config: None,
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    });
-    node.api.insert(claim);
-    ClaimRef {
-        namespace: "ns".into(),
-        name: format!("claim-{uid}"),
-        uid: uid.into(),
-    }
+    node.allocated(uid, driver, pool, &[device.to_string()])
 }
 
 fn total_instances(node: &TestNode) -> usize {
