@@ -10,7 +10,10 @@ use std::ffi::c_uint;
 use nvml_wrapper_sys::bindings::*;
 use tessera_gpu::{
     MigLayout, MigProfile,
-    backend::{GpuBackend, sim::SimGpu},
+    backend::{
+        GpuBackend,
+        sim::{SimGpu, SimGpuInstance},
+    },
 };
 
 use super::{
@@ -22,22 +25,34 @@ fn layout(g: &SimGpu) -> Result<&'static MigLayout, codes::Code> {
     model(g)?.mig.as_ref().ok_or(codes::NOT_SUPPORTED)
 }
 
+/// A GPU instance a handle names, as the view shows it.
+struct Gi<'v> {
+    gpu: u32,
+    id: u32,
+    instance: &'v SimGpuInstance,
+    profile: &'static MigProfile,
+}
+
 /// The GPU instance a handle names, if it still exists.
-fn instance_of(
-    view: &View,
-    gi: nvmlGpuInstance_t,
-) -> Result<(u32, u32, &'static MigProfile), codes::Code> {
+fn instance_of<'v>(view: &'v View, gi: nvmlGpuInstance_t) -> Result<Gi<'v>, codes::Code> {
     let Handle::GpuInstance { gpu, gi } = handle(gi)? else {
         return Err(codes::INVALID_ARGUMENT);
     };
     let g = view.gpu(gpu)?;
-    let inst = g
+    let instance = g
         .instances
         .iter()
         .find(|i| i.id == gi)
         .ok_or(codes::INVALID_ARGUMENT)?;
-    let p = layout(g)?.profile(inst.profile_id).ok_or(codes::UNKNOWN)?;
-    Ok((gpu, gi, p))
+    let profile = layout(g)?
+        .profile(instance.profile_id)
+        .ok_or(codes::UNKNOWN)?;
+    Ok(Gi {
+        gpu,
+        id: gi,
+        instance,
+        profile,
+    })
 }
 
 fn profile_fields(p: &MigProfile) -> (c_uint, c_uint, c_uint, c_uint, [c_uint; 5], u64) {
@@ -293,14 +308,13 @@ pub extern "C" fn nvmlGpuInstanceGetInfo(
     call(|| {
         let d = driver()?;
         let view = View::now(&d);
-        let (gpu, gi, p) = instance_of(&view, gpu_instance)?;
-        let start = view
-            .gpu(gpu)?
-            .instances
-            .iter()
-            .find(|i| i.id == gi)
-            .map(|i| i.start)
-            .ok_or(codes::INVALID_ARGUMENT)?;
+        let Gi {
+            gpu,
+            id: gi,
+            instance,
+            profile: p,
+        } = instance_of(&view, gpu_instance)?;
+        let start = instance.start;
         put(
             info,
             nvmlGpuInstanceInfo_t {
@@ -343,7 +357,7 @@ pub extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfo(
     call(|| {
         let d = driver()?;
         let view = View::now(&d);
-        let (_, _, p) = instance_of(&view, gpu_instance)?;
+        let p = instance_of(&view, gpu_instance)?.profile;
         if eng_profile != NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED {
             return Err(codes::NOT_SUPPORTED);
         }
@@ -378,7 +392,13 @@ pub extern "C" fn nvmlGpuInstanceCreateComputeInstance(
 ) -> nvmlReturn_t {
     call(|| {
         let d = driver()?;
-        let (gpu, gi, p) = instance_of(&View::now(&d), gpu_instance)?;
+        let view = View::now(&d);
+        let Gi {
+            gpu,
+            id: gi,
+            profile: p,
+            ..
+        } = instance_of(&view, gpu_instance)?;
         if compute_instance.is_null() {
             return Err(codes::INVALID_ARGUMENT);
         }
@@ -412,22 +432,21 @@ pub extern "C" fn nvmlGpuInstanceGetComputeInstances(
     call(|| {
         let d = driver()?;
         let view = View::now(&d);
-        let (gpu, gi, p) = instance_of(&view, gpu_instance)?;
+        let Gi {
+            gpu,
+            id: gi,
+            instance,
+            profile: p,
+        } = instance_of(&view, gpu_instance)?;
         let slices =
             profiles::compute_slices_of_index(profile_id).ok_or(codes::INVALID_ARGUMENT)?;
         // Every simulated compute instance spans its GPU instance.
         let found: Vec<nvmlComputeInstance_t> = if slices == p.compute_slices {
-            view.gpu(gpu)?
-                .instances
+            instance
+                .compute_instances
                 .iter()
-                .find(|i| i.id == gi)
-                .map(|i| {
-                    i.compute_instances
-                        .iter()
-                        .map(|c| pointer(Handle::ComputeInstance { gpu, gi, ci: c.id }))
-                        .collect()
-                })
-                .unwrap_or_default()
+                .map(|c| pointer(Handle::ComputeInstance { gpu, gi, ci: c.id }))
+                .collect()
         } else {
             Vec::new()
         };
@@ -444,13 +463,13 @@ pub extern "C" fn nvmlGpuInstanceGetComputeInstanceById(
     call(|| {
         let d = driver()?;
         let view = View::now(&d);
-        let (gpu, gi, _) = instance_of(&view, gpu_instance)?;
-        let exists = view
-            .gpu(gpu)?
-            .instances
-            .iter()
-            .find(|i| i.id == gi)
-            .is_some_and(|i| i.compute_instances.iter().any(|c| c.id == id));
+        let Gi {
+            gpu,
+            id: gi,
+            instance,
+            ..
+        } = instance_of(&view, gpu_instance)?;
+        let exists = instance.compute_instances.iter().any(|c| c.id == id);
         if !exists {
             return Err(codes::NOT_FOUND);
         }
