@@ -308,13 +308,8 @@ pub extern "C" fn nvmlGpuInstanceGetInfo(
     call(|| {
         let d = driver()?;
         let view = View::now(&d);
-        let Gi {
-            gpu,
-            id: gi,
-            instance,
-            profile: p,
-        } = instance_of(&view, gpu_instance)?;
-        let start = instance.start;
+        let g = instance_of(&view, gpu_instance)?;
+        let (gpu, gi, p, start) = (g.gpu, g.id, g.profile, g.instance.start);
         put(
             info,
             nvmlGpuInstanceInfo_t {
@@ -432,17 +427,13 @@ pub extern "C" fn nvmlGpuInstanceGetComputeInstances(
     call(|| {
         let d = driver()?;
         let view = View::now(&d);
-        let Gi {
-            gpu,
-            id: gi,
-            instance,
-            profile: p,
-        } = instance_of(&view, gpu_instance)?;
+        let g = instance_of(&view, gpu_instance)?;
         let slices =
             profiles::compute_slices_of_index(profile_id).ok_or(codes::INVALID_ARGUMENT)?;
+        let (gpu, gi) = (g.gpu, g.id);
         // Every simulated compute instance spans its GPU instance.
-        let found: Vec<nvmlComputeInstance_t> = if slices == p.compute_slices {
-            instance
+        let found: Vec<nvmlComputeInstance_t> = if slices == g.profile.compute_slices {
+            g.instance
                 .compute_instances
                 .iter()
                 .map(|c| pointer(Handle::ComputeInstance { gpu, gi, ci: c.id }))
