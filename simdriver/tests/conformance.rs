@@ -410,6 +410,8 @@ fn recv(
             Err(tokio::sync::broadcast::error::TryRecvError::Empty)
                 if std::time::Instant::now() < deadline =>
             {
+                // The poll interval of a wait for the event, bounded by the deadline
+                // above; the receiver has no blocking call without a runtime.
                 std::thread::sleep(Duration::from_millis(20));
             }
             Err(e) => panic!("no health event: {e:?}"),
