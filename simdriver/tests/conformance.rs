@@ -400,23 +400,17 @@ fn faults_reach_the_nvml_backend_through_the_driver() {
     assert!(!after[1].is_unreadable());
 }
 
+/// The next health event, waited for (at most ten seconds).
 fn recv(
     rx: &mut tokio::sync::broadcast::Receiver<tessera_gpu::backend::HealthEvent>,
 ) -> tessera_gpu::backend::HealthEvent {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        match rx.try_recv() {
-            Ok(ev) => return ev,
-            Err(tokio::sync::broadcast::error::TryRecvError::Empty)
-                if std::time::Instant::now() < deadline =>
-            {
-                // The poll interval of a wait for the event, bounded by the deadline
-                // above; the receiver has no blocking call without a runtime.
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => panic!("no health event: {e:?}"),
-        }
-    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), rx.recv()).await })
+        .expect("a health event within ten seconds")
+        .expect("the event channel is open")
 }
 
 /// The NVML functions the plugin's backend and nvml-wrapper call (README, *The simulated
