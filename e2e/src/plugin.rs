@@ -51,9 +51,31 @@ pub struct SimNode {
     root: PathBuf,
     kubeconfig: PathBuf,
     metrics_port: u16,
+    /// The plugin pod's UID, as the DaemonSet passes it: its sockets are named by it, and
+    /// a restart (same pod) keeps it.
+    pod_uid: String,
     process: Option<Child>,
     /// The kubelet of this node.
     pub kubelet: HollowKubelet,
+}
+
+/// A second plugin instance started next to a node's running one (a rolling update).
+pub struct Successor {
+    process: Child,
+    pod_uid: String,
+    port: u16,
+    started: std::time::Instant,
+}
+
+impl Successor {
+    /// The value of one sample of this instance's `/metrics` (see [`SimNode::metric`]).
+    pub async fn metric(&self, sample: &str) -> Option<f64> {
+        let (code, body) = crate::process::http_get(self.port, "/metrics").await.ok()?;
+        if code != 200 {
+            return None;
+        }
+        crate::process::sample(&body, sample)
+    }
 }
 
 /// Where volatile node directories go: `/dev/shm` (tmpfs) when the machine has it, so the
@@ -105,6 +127,7 @@ impl SimNode {
             root,
             kubeconfig,
             metrics_port,
+            pod_uid: uuid::Uuid::new_v4().to_string(),
             process: None,
             kubelet,
         };
@@ -154,15 +177,23 @@ impl SimNode {
     /// that must call the DRA service themselves (malformed requests, the health stream),
     /// which the kubelet cannot be made to do.
     pub async fn plugin_info(&self) -> anyhow::Result<PluginInfo> {
-        let socket = tessera_plugin::kubelet::sockets::registration_socket_path(
+        let socket = tessera_plugin::kubelet::sockets::instance_registration_socket_path(
             &self.registry_dir(),
             tessera_api::constants::DRIVER_NAME,
+            &self.pod_uid,
         );
         let client = RegistrationClient::connect(&socket, Duration::from_secs(10)).await?;
         Ok(client.get_info().await?)
     }
 
     fn spawn(&mut self) -> anyhow::Result<()> {
+        let child = self.spawn_instance(&self.pod_uid, self.metrics_port)?;
+        self.process = Some(child);
+        Ok(())
+    }
+
+    /// Starts a plugin process as the pod `pod_uid` would, serving metrics on `port`.
+    fn spawn_instance(&self, pod_uid: &str, port: u16) -> anyhow::Result<Child> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -186,7 +217,9 @@ impl SimNode {
             .arg("--nvidia-caps-root")
             .arg(driver.caps_root())
             .arg("--metrics-address")
-            .arg(format!("127.0.0.1:{}", self.metrics_port))
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--pod-uid")
+            .arg(pod_uid)
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             // Tests log the plugin's debug lines; the bench measures the production level.
@@ -200,7 +233,76 @@ impl SimNode {
             .stderr(log)
             .spawn()
             .context("starting tessera-plugin")?;
-        self.process = Some(child);
+        Ok(child)
+    }
+
+    /// Starts a new plugin pod next to the running one, as a DaemonSet rolling with
+    /// `maxSurge: 1` does; [`SimNode::finish_roll`] completes the roll.
+    pub fn start_successor(&self) -> anyhow::Result<Successor> {
+        let pod_uid = uuid::Uuid::new_v4().to_string();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let started = std::time::Instant::now();
+        let process = self.spawn_instance(&pod_uid, port)?;
+        Ok(Successor {
+            process,
+            pod_uid,
+            port,
+            started,
+        })
+    }
+
+    /// Waits until `next` is ready (it has taken the node over), checks that the running
+    /// plugin says it handed over, then stops it with SIGTERM as the DaemonSet does and
+    /// makes `next` this node's plugin. Returns how long `next` took from its start to
+    /// ready.
+    pub async fn finish_roll(&mut self, mut next: Successor) -> anyhow::Result<Duration> {
+        let port = next.port;
+        let ready = eventually(
+            "the new plugin instance to take the node over and be ready",
+            REGISTER_TIMEOUT,
+            || async {
+                let (code, _) = crate::process::http_get(port, "/readyz").await.ok()?;
+                (code == 200).then_some(())
+            },
+        )
+        .await;
+        if let Err(e) = ready {
+            let _ = next.process.kill();
+            let _ = next.process.wait();
+            bail!("{e}\nplugin log:\n{}", self.log_tail(40));
+        }
+        let took = next.started.elapsed();
+        let (code, body) = self.http_get("/readyz").await?;
+        if code == 200 || !body.contains("handed the node over") {
+            let _ = next.process.kill();
+            bail!("the old plugin instance does not say it handed over ({code}: {body})");
+        }
+        self.terminate().await?;
+        self.process = Some(next.process);
+        self.pod_uid = next.pod_uid;
+        self.metrics_port = port;
+        Ok(took)
+    }
+
+    /// [`SimNode::start_successor`], then [`SimNode::finish_roll`].
+    pub async fn roll_plugin(&mut self) -> anyhow::Result<Duration> {
+        let next = self.start_successor()?;
+        self.finish_roll(next).await
+    }
+
+    /// Stops (`SIGSTOP`) or resumes (`SIGCONT`) the running plugin process, to hold it at
+    /// a point a test wants to be in.
+    pub fn pause_plugin(&self, paused: bool) -> anyhow::Result<()> {
+        let child = self.process.as_ref().context("no plugin is running")?;
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id())?);
+        let signal = if paused {
+            nix::sys::signal::Signal::SIGSTOP
+        } else {
+            nix::sys::signal::Signal::SIGCONT
+        };
+        nix::sys::signal::kill(pid, signal)?;
         Ok(())
     }
 

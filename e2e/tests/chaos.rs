@@ -10,7 +10,7 @@ async fn a_short_fault_campaign_breaks_no_invariant() {
         &mut cp,
         &chaos::Options {
             seed: 20261201,
-            steps: 14,
+            steps: tessera_e2e::chaos::SCHEDULE.len() as u64,
         },
         &mut |line| eprintln!("{line}"),
     )
@@ -27,6 +27,7 @@ async fn a_short_fault_campaign_breaks_no_invariant() {
         "apiserver-restart",
         "etcd-outage",
         "torn-checkpoint",
+        "plugin-upgrade",
     ] {
         assert!(
             report.faults.get(kind).copied().unwrap_or(0) > 0,

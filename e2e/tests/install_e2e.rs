@@ -568,6 +568,15 @@ async fn helm_install_upgrade_and_uninstall_on_real_kubelets() {
             Some("system-node-critical")
         );
         assert!(args_of(p).contains(&"--log-format=json".to_string()));
+        // The pod UID names its kubelet sockets, so the DaemonSet can surge.
+        let pod_uid = spec.containers[0]
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "POD_UID")
+            .and_then(|e| e.value_from.as_ref()?.field_ref.as_ref())
+            .map(|f| f.field_path.clone());
+        assert_eq!(pod_uid.as_deref(), Some("metadata.uid"));
     }
 
     // An upgrade rolls the DaemonSet's and the Deployment's pods onto the new settings.

@@ -28,7 +28,8 @@ use crate::{
     cdi::CdiWriter,
     checkpoint::{self, CheckpointStore},
     config::{Args, BackendKind},
-    driver::{ClaimError, Driver, DriverConfig, DriverHandle, KubeClaims},
+    driver::{ClaimError, Driver, DriverConfig, DriverHandle, KubeClaims, PendingDriver},
+    handover::{HandoverListener, NodeDir, NodeLock, Request},
     health_store::HealthStore,
     kubelet,
     metrics::Metrics,
@@ -92,6 +93,9 @@ pub enum Error {
     /// The kubelet-facing sockets failed.
     #[error(transparent)]
     Kubelet(#[from] kubelet::ServeError),
+    /// Taking the node, or handing it over, failed.
+    #[error("taking the node over")]
+    Handover(#[source] crate::handover::Error),
     /// A task of the plugin's own panicked.
     #[error("the {what} task failed")]
     Task {
@@ -104,6 +108,9 @@ pub enum Error {
 }
 
 /// Runs the plugin until `shutdown` resolves, then removes the kubelet sockets.
+///
+/// Start-up registers with the kubelet before this instance owns the node, so a new
+/// plugin pod next to a running one takes over without a gap (see [`crate::handover`]).
 pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     info!(version = env!("CARGO_PKG_VERSION"), node = %args.node_name, backend = ?args.backend, "starting tessera-plugin");
     let background = background_runtime()?;
@@ -118,28 +125,6 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
             })??
     };
     let backend = backend(&args)?;
-    let gpus = {
-        let b = backend.clone();
-        tokio::task::spawn_blocking(move || NodeGpus::read(b.as_ref()))
-            .await
-            .map_err(|source| Error::Task {
-                what: "GPU listing",
-                source,
-            })?
-            .map_err(Error::Gpus)?
-    };
-    info!(
-        backend = backend.kind(),
-        driver = gpus
-            .gpus
-            .first()
-            .and_then(|g| g.driver_version.as_deref())
-            .unwrap_or("unknown"),
-        gpus = gpus.gpus.len(),
-        mig_capable = gpus.layouts.len(),
-        "found GPUs"
-    );
-
     let node: Node = Api::all(client.clone())
         .get(&args.node_name)
         .await
@@ -150,6 +135,15 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
     let node_uid = node.metadata.uid.unwrap_or_default();
 
     let metrics = Arc::new(Metrics::new());
+    let (ready_tx, ready_rx) = watch::channel(Err("starting".to_string()));
+    let addr = tessera_kit::http::serve(args.metrics_address, metrics.clone(), ready_rx)
+        .await
+        .map_err(|source| Error::Metrics {
+            addr: args.metrics_address,
+            source,
+        })?;
+    info!(%addr, "serving /metrics, /healthz, /readyz");
+
     // Prepare reads claims from this watch cache instead of making an API round trip;
     // the node loop hears of its changes (a claim that held a GPU's change back ending).
     let (claim_cache, claim_writer) = reflector::store();
@@ -187,93 +181,300 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
             std::future::ready(())
         }),
     );
-    let boot_id = checkpoint::read_boot_id(&args.boot_id_file);
-    let driver = Driver::new(DriverConfig {
-        node: args.node_name.clone(),
-        driver_name: args.driver_name.clone(),
-        backend: backend.clone(),
-        gpus,
-        store: CheckpointStore::new(&args.state_dir, boot_id.clone()),
-        claims: Arc::new(KubeClaims::new(client.clone(), Some(claim_cache.clone()))),
-        cdi: CdiWriter::new(&args.cdi_dir, &args.driver_name),
-        mps_root: args.state_dir.join("mps"),
-        caps_root: args.nvidia_caps_root.clone(),
-        metrics: metrics.clone(),
-        background: background.handle.clone(),
-        status_rate: RateLimiter::new(args.claim_status_qps, args.claim_status_burst),
-    })
-    .map_err(Error::Checkpoint)?;
-    let report = driver.recover().await.map_err(Error::Recovery)?;
-    info!(?report, "start-up recovery done");
 
-    let (ready_tx, ready_rx) = watch::channel(Err("starting".to_string()));
-    let addr = tessera_kit::http::serve(args.metrics_address, metrics.clone(), ready_rx)
-        .await
-        .map_err(|source| Error::Metrics {
-            addr: args.metrics_address,
-            source,
-        })?;
-    info!(%addr, "serving /metrics, /healthz, /readyz");
-
-    let (health_tx, health_rx) = watch::channel(Vec::new());
+    let (driver_tx, driver_rx) = watch::channel(None);
     let kcfg = args.kubelet.clone().into_config(args.driver_name.clone());
-    let server = kubelet::start(kcfg, Arc::new(DriverHandle(driver.clone())), health_rx).await?;
-    info!(dra = %server.dra_socket().display(), registration = %server.registration_socket().display(), "kubelet sockets listening");
-
-    let node_loop = NodeLoop::new(NodeLoopConfig {
-        client: client.clone(),
-        state: driver.state(),
-        keeper: driver.keeper(),
-        claims: claim_cache,
-        claim_events,
-        nominated: nominated_cache,
-        settle: std::time::Duration::from_millis(args.handover_settle_ms),
-        offer_store: OfferStore::new(args.state_dir.join("offers.json")),
-        metrics: metrics.clone(),
+    let node_dir = NodeDir::new(kcfg.plugin_data_dir());
+    let instance = kcfg
+        .instance
+        .clone()
+        .unwrap_or_else(|| format!("pid-{}", std::process::id()));
+    let owner = Owner {
+        args: &args,
+        client,
+        backend,
+        background: &background,
+        metrics,
         node_uid,
-        default_strategy: args.default_strategy,
-        health_store: HealthStore::new(args.state_dir.join("gpu-health.json"), boot_id),
-        health_tx,
+        claim_cache,
+        nominated_cache,
+        claim_events,
         ready_tx,
-    });
-    let registration = server.registration_state();
-    let mut accepted = server.registration_state();
-    let registrations = metrics.kubelet_registrations.clone();
-    background.spawn(async move {
-        // Every verdict is a send, also "registered" again after a kubelet restart.
-        while accepted.changed().await.is_ok() {
-            if accepted.borrow_and_update().is_registered() {
-                registrations.inc();
+        driver_tx,
+        driver_rx,
+        kcfg,
+        node_dir,
+        instance,
+    };
+
+    let mut shutdown = std::pin::pin!(shutdown);
+    let (server, health_tx) = owner.start_kubelet().await?;
+    let taken = tokio::select! {
+        () = &mut shutdown => None,
+        lock = owner.take_node(server.registration_state()) => Some(lock?),
+    };
+    let Some(mut lock) = taken else {
+        info!("shutting down before this instance owned the node: removing the kubelet sockets");
+        return server
+            .serve_until(std::future::ready(()))
+            .await
+            .map_err(Error::from);
+    };
+    let mut kubelet = Some((server, health_tx));
+    loop {
+        let (server, health_tx) = match kubelet.take() {
+            Some(k) => k,
+            None => owner.start_kubelet().await?,
+        };
+        match owner
+            .serve(lock, server, health_tx, shutdown.as_mut())
+            .await?
+        {
+            Served::Shutdown => break,
+            Served::HandedOver => {
+                info!(
+                    "handed the node over; serving nothing unless the new instance lets go of the node without handing it over"
+                );
+                tokio::select! {
+                    () = &mut shutdown => break,
+                    taken = owner.node_dir.lock() => {
+                        lock = taken.map_err(Error::Handover)?;
+                        info!("the instance that took the node over let go of it: serving the node again");
+                    }
+                }
             }
         }
-    });
-    let health_events = backend.health_events();
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let wait_stop = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
-    let loop_task = background.spawn(node_loop.run(
-        client,
-        registration,
-        health_events,
-        wait_stop(stop_rx.clone()),
-    ));
-    let serve_task = tokio::spawn(server.serve_until(wait_stop(stop_rx)));
-
-    shutdown.await;
-    info!("shutting down: removing the kubelet sockets");
-    let _ = stop_tx.send(true);
-    let served = serve_task.await.map_err(|source| Error::Task {
-        what: "kubelet server",
-        source,
-    })?;
-    let looped = loop_task.await.map_err(|source| Error::Task {
-        what: "node loop",
-        source,
-    });
+    }
     drop(background);
-    served?;
-    looped
+    Ok(())
+}
+
+/// How one spell of owning the node ended.
+enum Served {
+    /// `shutdown` came.
+    Shutdown,
+    /// Another instance took the node over.
+    HandedOver,
+}
+
+/// What serving the node needs, kept across spells of owning it.
+struct Owner<'a> {
+    args: &'a Args,
+    client: kube::Client,
+    backend: Arc<dyn GpuBackend>,
+    background: &'a Background,
+    metrics: Arc<Metrics>,
+    node_uid: String,
+    claim_cache: reflector::Store<ResourceClaim>,
+    nominated_cache: reflector::Store<Pod>,
+    claim_events: Arc<tokio::sync::Notify>,
+    ready_tx: watch::Sender<Result<(), String>>,
+    /// The driver the kubelet's calls go to, once this instance owns the node.
+    driver_tx: watch::Sender<Option<DriverHandle>>,
+    driver_rx: watch::Receiver<Option<DriverHandle>>,
+    kcfg: kubelet::KubeletServerConfig,
+    node_dir: NodeDir,
+    instance: String,
+}
+
+impl Owner<'_> {
+    /// Binds the kubelet sockets (calls wait until this instance owns the node) and
+    /// counts the kubelet's registrations.
+    async fn start_kubelet(
+        &self,
+    ) -> Result<
+        (
+            kubelet::KubeletServer,
+            watch::Sender<Vec<kubelet::DeviceHealthEntry>>,
+        ),
+        Error,
+    > {
+        let (health_tx, health_rx) = watch::channel(Vec::new());
+        let pending = Arc::new(PendingDriver::new(
+            self.driver_rx.clone(),
+            self.metrics.calls_waiting_for_node.clone(),
+        ));
+        let server = kubelet::start(self.kcfg.clone(), pending, health_rx).await?;
+        info!(dra = %server.dra_socket().display(), registration = %server.registration_socket().display(), "kubelet sockets listening");
+        let mut accepted = server.registration_state();
+        let registrations = self.metrics.kubelet_registrations.clone();
+        self.background.spawn(async move {
+            // Every verdict is a send, also "registered" again after a kubelet restart.
+            while accepted.changed().await.is_ok() {
+                if accepted.borrow_and_update().is_registered() {
+                    registrations.inc();
+                }
+            }
+        });
+        Ok((server, health_tx))
+    }
+
+    /// Serves the node while holding `lock`, until `shutdown` or a handover request.
+    async fn serve(
+        &self,
+        lock: NodeLock,
+        server: kubelet::KubeletServer,
+        health_tx: watch::Sender<Vec<kubelet::DeviceHealthEntry>>,
+        mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> Result<Served, Error> {
+        let args = self.args;
+        info!(instance = %self.instance, "this instance owns the node");
+        let gpus = {
+            let b = self.backend.clone();
+            tokio::task::spawn_blocking(move || NodeGpus::read(b.as_ref()))
+                .await
+                .map_err(|source| Error::Task {
+                    what: "GPU listing",
+                    source,
+                })?
+                .map_err(Error::Gpus)?
+        };
+        info!(
+            backend = self.backend.kind(),
+            driver = gpus
+                .gpus
+                .first()
+                .and_then(|g| g.driver_version.as_deref())
+                .unwrap_or("unknown"),
+            gpus = gpus.gpus.len(),
+            mig_capable = gpus.layouts.len(),
+            "found GPUs"
+        );
+        let boot_id = checkpoint::read_boot_id(&args.boot_id_file);
+        let driver = Driver::new(DriverConfig {
+            node: args.node_name.clone(),
+            driver_name: args.driver_name.clone(),
+            backend: self.backend.clone(),
+            gpus,
+            store: CheckpointStore::new(&args.state_dir, boot_id.clone()),
+            claims: Arc::new(KubeClaims::new(
+                self.client.clone(),
+                Some(self.claim_cache.clone()),
+            )),
+            cdi: CdiWriter::new(&args.cdi_dir, &args.driver_name),
+            mps_root: args.state_dir.join("mps"),
+            caps_root: args.nvidia_caps_root.clone(),
+            metrics: self.metrics.clone(),
+            background: self.background.handle.clone(),
+            status_rate: RateLimiter::new(args.claim_status_qps, args.claim_status_burst),
+        })
+        .map_err(Error::Checkpoint)?;
+        let report = driver.recover().await.map_err(Error::Recovery)?;
+        info!(?report, "start-up recovery done");
+        self.driver_tx
+            .send_replace(Some(DriverHandle(driver.clone())));
+        self.metrics.owns_node.set(1);
+        let handover = self.node_dir.listen(&lock).map_err(Error::Handover)?;
+
+        let node_loop = NodeLoop::new(NodeLoopConfig {
+            client: self.client.clone(),
+            state: driver.state(),
+            keeper: driver.keeper(),
+            claims: self.claim_cache.clone(),
+            claim_events: self.claim_events.clone(),
+            nominated: self.nominated_cache.clone(),
+            settle: std::time::Duration::from_millis(args.handover_settle_ms),
+            offer_store: OfferStore::new(args.state_dir.join("offers.json")),
+            metrics: self.metrics.clone(),
+            node_uid: self.node_uid.clone(),
+            default_strategy: args.default_strategy,
+            health_store: HealthStore::new(args.state_dir.join("gpu-health.json"), boot_id),
+            health_tx,
+            ready_tx: self.ready_tx.clone(),
+        });
+        let registration = server.registration_state();
+        let health_events = self.backend.health_events();
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let wait_stop = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let loop_task = self.background.spawn(node_loop.run(
+            self.client.clone(),
+            registration,
+            health_events,
+            wait_stop(stop_rx.clone()),
+        ));
+        let serve_task = tokio::spawn(server.serve_until(wait_stop(stop_rx)));
+
+        let request = tokio::select! {
+            () = &mut shutdown => None,
+            request = next_request(&handover) => Some(request),
+        };
+        let handed_over = |to: &str| Err(format!("handed the node over to plugin instance {to}"));
+        match &request {
+            None => info!("shutting down: removing the kubelet sockets"),
+            Some(r) => {
+                info!(to = %r.from, "handing the node over: stopping the node loop and the kubelet sockets");
+                let _ = self.ready_tx.send(handed_over(&r.from));
+            }
+        }
+        let _ = stop_tx.send(true);
+        let served = serve_task.await.map_err(|source| Error::Task {
+            what: "kubelet server",
+            source,
+        })?;
+        let looped = loop_task.await.map_err(|source| Error::Task {
+            what: "node loop",
+            source,
+        });
+        served?;
+        looped?;
+        let Some(request) = request else {
+            return Ok(Served::Shutdown);
+        };
+        // The node loop may have said "ready" once more while it stopped.
+        let _ = self.ready_tx.send(handed_over(&request.from));
+        self.metrics.ready.set(0);
+        self.metrics.owns_node.set(0);
+        self.driver_tx.send_replace(None);
+        drop(handover);
+        drop(lock);
+        let from = request.from.clone();
+        if !request.released().await {
+            tracing::warn!(to = %from, "the new instance did not say it took the node");
+        }
+        Ok(Served::HandedOver)
+    }
+
+    /// Takes the node for this instance: at once when no other instance holds it;
+    /// otherwise once the kubelet has accepted this instance's registration (so that no
+    /// call finds the node without a registered plugin), by asking the holder to hand
+    /// over.
+    async fn take_node(
+        &self,
+        mut registration: watch::Receiver<kubelet::RegistrationState>,
+    ) -> Result<NodeLock, Error> {
+        if let Some(lock) = self.node_dir.try_lock().map_err(Error::Handover)? {
+            return Ok(lock);
+        }
+        let _ = self.ready_tx.send(Err(
+            "another plugin instance serves the node; taking it over".to_string(),
+        ));
+        info!(
+            "another plugin instance serves the node: waiting for the kubelet to register this one, then taking the node over"
+        );
+        // An instance the kubelet refuses never takes the node from one it serves.
+        let _ = registration.wait_for(|r| r.is_registered()).await;
+        info!("the kubelet registered this instance: asking the running one to hand over");
+        self.node_dir
+            .take(&self.instance)
+            .await
+            .map_err(Error::Handover)
+    }
+}
+
+/// The next handover request; an accept error (out of descriptors) is logged and
+/// retried rather than ending the plugin, which serves on regardless.
+async fn next_request(handover: &HandoverListener) -> Request {
+    loop {
+        match handover.next().await {
+            Ok(r) => return r,
+            Err(e) => {
+                tracing::warn!(error = %crate::error_chain(&e), "handover socket failed; retrying");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        }
+    }
 }
 
 /// The background runtime, shut down without waiting when dropped. Dropping a runtime

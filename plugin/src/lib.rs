@@ -9,7 +9,8 @@
 //! - [`status`]: `GpuNode.status`; [`metrics`]: Prometheus metrics; [`node`]: the loop that
 //!   keeps slices and status in step with the hardware and the operator's spec.
 //! - [`state`]: what the driver and the node loop share (the GPUs, read access to the
-//!   hardware and the prepared claims); [`app`]: the wiring [`run`] starts.
+//!   hardware and the prepared claims); [`handover`]: which instance serves the node
+//!   and how a new one takes over; [`app`]: the wiring [`run`] starts.
 
 pub mod app;
 pub mod cdi;
@@ -18,6 +19,7 @@ pub mod config;
 pub mod devnodes;
 pub mod driver;
 pub mod fence;
+pub mod handover;
 pub mod health_store;
 pub mod kubelet;
 pub mod metrics;

@@ -13,6 +13,8 @@
 //! | `tessera_plugin_slice_publish_total` | counter | `result` |
 //! | `tessera_plugin_ready` | gauge | 1 while `/readyz` says ready |
 //! | `tessera_plugin_unhealthy_gpus` | gauge | GPUs tainted for a fault or unreadable |
+//! | `tessera_plugin_owns_node` | gauge | 1 while this instance serves the node (see `handover`) |
+//! | `tessera_plugin_calls_waiting_for_node` | gauge | kubelet calls waiting for this instance to take the node over |
 
 use std::time::Duration;
 
@@ -67,6 +69,11 @@ pub struct Metrics {
     pub ready: Gauge,
     /// GPUs whose devices carry the unhealthy taint.
     pub unhealthy_gpus: Gauge,
+    /// 1 while this instance holds the node (a second instance during a rolling update
+    /// shows 0 until the first hands over).
+    pub owns_node: Gauge,
+    /// Kubelet calls that reached this instance before it owned the node and wait for it.
+    pub calls_waiting_for_node: Gauge,
 }
 
 impl Default for Metrics {
@@ -100,6 +107,18 @@ impl Metrics {
             "ready",
             "1 while the plugin is registered with the kubelet and its last publish succeeded",
             ready.clone(),
+        );
+        let owns_node = Gauge::default();
+        registry.register(
+            "owns_node",
+            "1 while this plugin instance serves the node (0 while another one does)",
+            owns_node.clone(),
+        );
+        let calls_waiting_for_node = Gauge::default();
+        registry.register(
+            "calls_waiting_for_node",
+            "Kubelet calls waiting for this instance to take the node over from another",
+            calls_waiting_for_node.clone(),
         );
         let unhealthy_gpus = Gauge::default();
         registry.register(
@@ -171,6 +190,8 @@ impl Metrics {
             kubelet_registrations,
             ready,
             unhealthy_gpus,
+            owns_node,
+            calls_waiting_for_node,
         }
     }
 

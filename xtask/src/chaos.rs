@@ -14,8 +14,8 @@ pub struct Args {
     /// Seed of every random choice (a run replays with its seed); random when absent.
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Faults to inject (every kind comes once in each 14 steps).
-    #[arg(long, default_value_t = 56)]
+    /// Faults to inject (every kind comes once in each 15 steps).
+    #[arg(long, default_value_t = 60)]
     pub steps: u64,
     /// Also write the report here, as JSON.
     #[arg(long)]

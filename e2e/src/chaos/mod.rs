@@ -81,6 +81,9 @@ pub enum Fault {
     EtcdOutage,
     /// A power cut: the node reboots with one of its plugin's records torn.
     TornCheckpoint,
+    /// The plugin is upgraded as the DaemonSet rolls it: a new instance next to the old
+    /// one takes the node over while a pod for it arrives.
+    PluginUpgrade,
 }
 
 impl Fault {
@@ -96,14 +99,15 @@ impl Fault {
             Fault::ApiServerRestart => "apiserver-restart",
             Fault::EtcdOutage => "etcd-outage",
             Fault::TornCheckpoint => "torn-checkpoint",
+            Fault::PluginUpgrade => "plugin-upgrade",
         }
     }
 }
 
-/// The order faults come in: plugin crashes in half the steps (the goal is ten
-/// of them for each other kind), every kind in every fourteen steps, so even a short run
-/// covers all.
-const SCHEDULE: [Fault; 14] = [
+/// The order faults come in: plugin crashes in seven of every fifteen steps (the issue's
+/// goal is ten of them for each other kind), every kind in every fifteen steps, so even a
+/// short run covers all.
+pub const SCHEDULE: [Fault; 15] = [
     Fault::PluginKill,
     Fault::PluginAbort,
     Fault::PluginKill,
@@ -118,6 +122,7 @@ const SCHEDULE: [Fault; 14] = [
     Fault::ApiServerRestart,
     Fault::EtcdOutage,
     Fault::TornCheckpoint,
+    Fault::PluginUpgrade,
 ];
 
 /// How long etcd stays down in an outage.
@@ -493,6 +498,24 @@ impl Campaign<'_> {
                 node_in(&mut self.nodes, node)?.reboot(self.cp).await?;
                 self.serving(node).await?;
                 self.report.recovered(name, t0.elapsed());
+            }
+            Fault::PluginUpgrade => {
+                let node = NODES
+                    .choose(&mut self.rng)
+                    .map(|n| n.0)
+                    .context("no nodes")?;
+                // A pod for this node first, so that its prepare often meets the hand-over.
+                let all = shapes();
+                if let Some(shape) = all.iter().find(|s| s.node == node) {
+                    self.create_pod(shape).await?;
+                }
+                let wait = Duration::from_millis(self.rng.random_range(0..500));
+                tokio::time::sleep(wait).await;
+                // Recovery is the new instance's start to ready: the node is served by one
+                // instance or the other throughout.
+                let took = self.node_mut(node)?.roll_plugin().await?;
+                self.serving(node).await?;
+                self.report.recovered(name, took);
             }
         }
         Ok(())

@@ -10,6 +10,7 @@ mod claim_status;
 #[cfg(test)]
 mod fake;
 mod layout;
+mod pending;
 mod prepare;
 mod recovery;
 mod unprepare;
@@ -33,6 +34,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 
 pub use claim::PlanError;
 pub use layout::{GpuWant, HoldReport, Keeper, wants};
+pub use pending::{PendingDriver, STOPPING};
 pub use recovery::RecoveryReport;
 
 use crate::{

@@ -26,6 +26,9 @@ pub struct KubeletServerConfig {
     pub serve_health: bool,
     /// Poll interval of the registration-socket watch (see [`DEFAULT_REREGISTER_POLL`]).
     pub reregister_poll: Duration,
+    /// This instance's name (its pod UID) when sockets are named per instance, so that
+    /// a new plugin pod registers next to the old one during a rolling update.
+    pub instance: Option<String>,
 }
 
 impl KubeletServerConfig {
@@ -37,17 +40,28 @@ impl KubeletServerConfig {
             plugins_dir: PathBuf::from(DEFAULT_PLUGINS_DIR),
             serve_health: true,
             reregister_poll: DEFAULT_REREGISTER_POLL,
+            instance: None,
         }
     }
 
-    /// `<registry_dir>/<driver>-reg.sock`.
+    /// `<registry_dir>/<driver>-reg.sock`, or this instance's (see
+    /// [`sockets::instance_registration_socket_path`]).
     pub fn registration_socket(&self) -> PathBuf {
-        sockets::registration_socket_path(&self.registry_dir, &self.driver_name)
+        match &self.instance {
+            Some(i) => {
+                sockets::instance_registration_socket_path(&self.registry_dir, &self.driver_name, i)
+            }
+            None => sockets::registration_socket_path(&self.registry_dir, &self.driver_name),
+        }
     }
 
-    /// `<plugins_dir>/<driver>/dra.sock`, the endpoint announced in `GetInfo`.
+    /// `<plugins_dir>/<driver>/dra.sock` (or `dra-<instance>.sock`), the endpoint
+    /// announced in `GetInfo`.
     pub fn dra_socket(&self) -> PathBuf {
-        sockets::dra_socket_path(&self.plugins_dir, &self.driver_name)
+        match &self.instance {
+            Some(i) => sockets::instance_dra_socket_path(&self.plugins_dir, &self.driver_name, i),
+            None => sockets::dra_socket_path(&self.plugins_dir, &self.driver_name),
+        }
     }
 
     /// `<plugins_dir>/<driver>`, the plugin's data directory (checkpoint, locks).
@@ -66,6 +80,23 @@ pub struct KubeletArgs {
     /// The kubelet's plugins directory; the DRA socket is `<dir>/<driver>/dra.sock`.
     #[arg(long, env = "TESSERA_PLUGINS_DIR", default_value = DEFAULT_PLUGINS_DIR)]
     pub plugins_dir: PathBuf,
+    /// This plugin pod's UID (from the downward API). With it the sockets are named per
+    /// pod (`<driver>-<uid>-reg.sock`, `dra-<uid>.sock`) and a new plugin pod takes the
+    /// node over from the running one without a gap, so the DaemonSet can roll with
+    /// `maxSurge: 1`. Without it, a second instance on the node replaces the first's
+    /// sockets.
+    #[arg(long, env = "POD_UID", value_parser = instance_name)]
+    pub pod_uid: Option<String>,
+}
+
+/// A pod UID as a socket-name part: non-empty, no path separator, no NUL.
+fn instance_name(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.contains(['/', '\0']) || s.starts_with('.') {
+        return Err(format!(
+            "{s:?} cannot name a socket: give the pod's UID (fieldRef metadata.uid)"
+        ));
+    }
+    Ok(s.to_string())
 }
 
 impl KubeletArgs {
@@ -74,10 +105,12 @@ impl KubeletArgs {
         let Self {
             registry_dir,
             plugins_dir,
+            pod_uid,
         } = self;
         KubeletServerConfig {
             registry_dir,
             plugins_dir,
+            instance: pod_uid,
             ..KubeletServerConfig::new(driver_name)
         }
     }

@@ -28,7 +28,7 @@ use super::{
     driver::DraDriver,
     health::{DeviceHealthEntry, HealthServer},
     registration::{RegistrationServer, RegistrationState},
-    sockets::{self, SocketError},
+    sockets::{self, SocketError, SocketIdentity},
 };
 
 /// Errors of the kubelet-facing servers.
@@ -70,6 +70,10 @@ pub struct KubeletServer {
     registration: watch::Receiver<RegistrationState>,
     dra_socket: PathBuf,
     registration_socket: PathBuf,
+    /// The socket files we bound (the registration one changes when it is re-created),
+    /// so that stopping removes ours only.
+    dra_identity: Option<SocketIdentity>,
+    registration_identity: Arc<std::sync::Mutex<Option<SocketIdentity>>>,
 }
 
 /// Binds both sockets and starts serving; returns once both are listening, so callers
@@ -89,6 +93,7 @@ pub async fn start<D: DraDriver>(
     let mut tasks = JoinSet::new();
 
     let dra_listener = sockets::bind(&dra_socket)?;
+    let dra_identity = SocketIdentity::of(&dra_socket);
     let dra = DraNodeServer::new(driver);
     let health = cfg
         .serve_health
@@ -118,16 +123,20 @@ pub async fn start<D: DraDriver>(
         Err(e) => {
             // Dropping `tasks` aborts the DRA server; its socket must not outlive it.
             drop(tasks);
-            sockets::remove_on_exit(&dra_socket);
+            sockets::remove_own(&dra_socket, dra_identity);
             return Err(e.into());
         }
     };
+    let registration_identity = Arc::new(std::sync::Mutex::new(SocketIdentity::of(
+        &registration_socket,
+    )));
     let reg_task = run_registration(
         registration_socket.clone(),
         registrar,
         reg_listener,
         stop.subscribe(),
         cfg.reregister_poll,
+        registration_identity.clone(),
     );
     tasks.spawn(async move { ("registration", reg_task.await) });
     tracing::info!(path = %registration_socket.display(), "registration service listening");
@@ -138,6 +147,8 @@ pub async fn start<D: DraDriver>(
         registration,
         dra_socket,
         registration_socket,
+        dra_identity,
+        registration_identity,
     })
 }
 
@@ -191,8 +202,12 @@ impl KubeletServer {
                 result = Err(e);
             }
         }
-        sockets::remove_on_exit(&self.registration_socket);
-        sockets::remove_on_exit(&self.dra_socket);
+        let registration_identity = *self
+            .registration_identity
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        sockets::remove_own(&self.registration_socket, registration_identity);
+        sockets::remove_own(&self.dra_socket, self.dra_identity);
         tracing::info!("kubelet-facing servers stopped, sockets removed");
         result
     }
@@ -232,6 +247,7 @@ async fn run_registration(
     mut listener: UnixListener,
     stop: watch::Receiver<bool>,
     poll: Duration,
+    identity: Arc<std::sync::Mutex<Option<SocketIdentity>>>,
 ) -> Result<(), ServeError> {
     loop {
         let done = {
@@ -263,6 +279,7 @@ async fn run_registration(
             "registration socket disappeared (kubelet restart?); re-creating it"
         );
         listener = sockets::bind(&path)?;
+        *identity.lock().unwrap_or_else(|p| p.into_inner()) = SocketIdentity::of(&path);
         registrar.reset();
     }
 }

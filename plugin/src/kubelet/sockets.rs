@@ -81,9 +81,44 @@ pub fn registration_socket_path(registry_dir: &Path, driver_name: &str) -> PathB
     registry_dir.join(format!("{driver_name}-reg.sock"))
 }
 
+/// The registration socket of plugin instance `instance` (its pod UID), so that two
+/// instances of one driver can be registered at once during a rolling update. The names
+/// are the Go library's (`RollingUpdateRegistrarSocketFile`), in its order of preference,
+/// the first whose path fits `sockaddr_un`: `<driver>-<uid>-reg.sock`,
+/// `<driver>-<base64url(sha256(uid)[..8])>-reg.sock`,
+/// `dra-<base64url(sha256(driver NUL uid)[..16])>-reg.sock`.
+pub fn instance_registration_socket_path(
+    registry_dir: &Path,
+    driver_name: &str,
+    instance: &str,
+) -> PathBuf {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+    let uid_hash = sha2::Sha256::digest(instance.as_bytes());
+    let driver_uid_hash = sha2::Sha256::digest(format!("{driver_name}\0{instance}").as_bytes());
+    let candidates = [
+        format!("{driver_name}-{instance}-reg.sock"),
+        format!("{driver_name}-{}-reg.sock", b64(&uid_hash[..8])),
+        format!("dra-{}-reg.sock", b64(&driver_uid_hash[..16])),
+    ];
+    let fits = |p: &PathBuf| p.as_os_str().len() < UNIX_PATH_MAX;
+    let mut paths = candidates.iter().map(|c| registry_dir.join(c));
+    let last = registry_dir.join(&candidates[2]);
+    paths.find(fits).unwrap_or(last)
+}
+
 /// `<plugins_dir>/<driver>/dra.sock`, announced to the kubelet as the DRA endpoint.
 pub fn dra_socket_path(plugins_dir: &Path, driver_name: &str) -> PathBuf {
     plugins_dir.join(driver_name).join("dra.sock")
+}
+
+/// The DRA socket of plugin instance `instance` (its pod UID): `dra-<uid>.sock` in the
+/// driver's plugin directory, the Go library's name in rolling-update mode.
+pub fn instance_dra_socket_path(plugins_dir: &Path, driver_name: &str, instance: &str) -> PathBuf {
+    plugins_dir
+        .join(driver_name)
+        .join(format!("dra-{instance}.sock"))
 }
 
 /// Checks that `path` is absolute and fits `sockaddr_un`.
@@ -166,6 +201,39 @@ pub fn remove_on_exit(path: &Path) {
             error = &error as &dyn std::error::Error,
             "could not remove socket on exit"
         );
+    }
+}
+
+/// Which file a socket we bound is: another process that later binds the same path (a
+/// new instance started without a pod UID) makes a new inode there, which is not ours to
+/// remove.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SocketIdentity {
+    dev: u64,
+    ino: u64,
+}
+
+impl SocketIdentity {
+    /// The identity of the socket at `path` now; `None` when nothing is there.
+    pub fn of(path: &Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::symlink_metadata(path).ok().map(|m| Self {
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
+}
+
+/// Removes the socket at `path` on shutdown only if it is still the one we bound
+/// (`ours`); logs instead of failing, since we are stopping anyway.
+pub fn remove_own(path: &Path, ours: Option<SocketIdentity>) {
+    match (SocketIdentity::of(path), ours) {
+        (None, _) => {}
+        (Some(now), Some(ours)) if now == ours => remove_on_exit(path),
+        (Some(_), _) => tracing::info!(
+            path = %path.display(),
+            "leaving the socket at this path: another plugin instance bound it since"
+        ),
     }
 }
 

@@ -160,3 +160,117 @@ async fn the_registration_socket_is_recreated_after_deletion() {
         .unwrap();
     running.shutdown().await;
 }
+
+#[test]
+fn instance_sockets_carry_the_pod_uid_like_the_go_library_names_them() {
+    let dir = std::path::Path::new("/var/lib/kubelet/plugins_registry");
+    let uid = "0f6a2c3e-6b1d-4c55-9d5e-7d6a0c2b1a90";
+    assert_eq!(
+        sockets::instance_registration_socket_path(dir, "gpu.tessera.dev", uid),
+        dir.join(format!("gpu.tessera.dev-{uid}-reg.sock"))
+    );
+    assert_eq!(
+        sockets::instance_dra_socket_path(
+            "/var/lib/kubelet/plugins".as_ref(),
+            "gpu.tessera.dev",
+            uid
+        ),
+        std::path::PathBuf::from(format!(
+            "/var/lib/kubelet/plugins/gpu.tessera.dev/dra-{uid}.sock"
+        ))
+    );
+}
+
+#[test]
+fn an_instance_socket_that_would_not_fit_falls_back_to_hashed_names_that_do() {
+    let uid = "0f6a2c3e-6b1d-4c55-9d5e-7d6a0c2b1a90";
+    // Long enough that the UID does not fit, short enough that the 8-byte hash does.
+    let dir = std::path::PathBuf::from(format!("/{}", "d".repeat(50)));
+    let hashed = sockets::instance_registration_socket_path(&dir, "gpu.tessera.dev", uid);
+    let name = hashed.file_name().unwrap().to_str().unwrap();
+    assert!(
+        name.starts_with("gpu.tessera.dev-") && name.ends_with("-reg.sock"),
+        "{name}"
+    );
+    assert_eq!(name.len(), "gpu.tessera.dev--reg.sock".len() + 11, "{name}");
+    sockets::check_path(&hashed).unwrap();
+    // Too long for the driver name as well: the shortest form.
+    let dir = std::path::PathBuf::from(format!("/{}", "d".repeat(70)));
+    let shortest = sockets::instance_registration_socket_path(&dir, "gpu.tessera.dev", uid);
+    let name = shortest.file_name().unwrap().to_str().unwrap();
+    assert!(
+        name.starts_with("dra-") && name.ends_with("-reg.sock"),
+        "{name}"
+    );
+    sockets::check_path(&shortest).unwrap();
+    // Another pod gets another name.
+    assert_ne!(
+        shortest,
+        sockets::instance_registration_socket_path(&dir, "gpu.tessera.dev", "another-pod")
+    );
+}
+
+#[tokio::test]
+async fn two_instances_listen_side_by_side_and_stopping_one_leaves_the_others_sockets() {
+    let dir = tempfile::tempdir().unwrap();
+    let instance = |uid: &str| KubeletServerConfig {
+        instance: Some(uid.to_string()),
+        ..config(&dir)
+    };
+    let (_h1, rx1) = watch::channel(Vec::new());
+    let (_h2, rx2) = watch::channel(Vec::new());
+    let old = start(instance("old-pod"), Arc::new(FakeDriver::default()), rx1)
+        .await
+        .unwrap();
+    let new = start(instance("new-pod"), Arc::new(FakeDriver::default()), rx2)
+        .await
+        .unwrap();
+    assert_ne!(old.registration_socket(), new.registration_socket());
+    assert_ne!(old.dra_socket(), new.dra_socket());
+    let new_paths = [
+        new.registration_socket().to_owned(),
+        new.dra_socket().to_owned(),
+    ];
+    let old_paths = [
+        old.registration_socket().to_owned(),
+        old.dra_socket().to_owned(),
+    ];
+
+    old.serve_until(std::future::ready(())).await.unwrap();
+
+    for p in &old_paths {
+        assert!(!p.exists(), "{} left behind", p.display());
+    }
+    for p in &new_paths {
+        assert!(p.exists(), "{} removed by the other instance", p.display());
+    }
+    let client = RegistrationClient::connect(&new_paths[0], WAIT)
+        .await
+        .unwrap();
+    client.get_info().await.unwrap();
+    new.serve_until(std::future::ready(())).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_socket_another_instance_bound_at_our_path_is_not_removed_on_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_h1, rx1) = watch::channel(Vec::new());
+    let (_h2, rx2) = watch::channel(Vec::new());
+    // Without pod UIDs both instances use the same paths: the second replaces the first's.
+    let first = start(config(&dir), Arc::new(FakeDriver::default()), rx1)
+        .await
+        .unwrap();
+    let second = start(config(&dir), Arc::new(FakeDriver::default()), rx2)
+        .await
+        .unwrap();
+    let dra = second.dra_socket().to_owned();
+
+    first.serve_until(std::future::ready(())).await.unwrap();
+
+    assert!(
+        dra.exists(),
+        "the first instance removed the second's DRA socket"
+    );
+    second.serve_until(std::future::ready(())).await.unwrap();
+    assert!(!dra.exists());
+}
