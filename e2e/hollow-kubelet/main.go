@@ -161,6 +161,11 @@ func run(ctx context.Context, kubeconfig, nodeName, rootDir string, labels map[s
 
 	hollow := kubemark.NewHollowKubelet(f, c, client, heartbeatClient,
 		&cadvisortest.Fake{NodeName: nodeName}, fakeRuntime.ImageService, recorder, containerManager)
+	// Kubemark records events nowhere; the kubelet's real recorder sends them to the API
+	// server, where tests read what a user would see in kubectl describe pod
+	// (FailedPrepareDynamicResources and the like). RunKubelet makes it when none is set.
+	hollow.KubeletDeps.Recorder = nil
+	hollow.KubeletDeps.EventClient = client.CoreV1()
 	if err := kubeletapp.RunKubelet(ctx, &options.KubeletServer{
 		KubeletFlags:         *hollow.KubeletFlags,
 		KubeletConfiguration: *hollow.KubeletConfiguration,

@@ -54,6 +54,9 @@ pub struct SimNode {
     /// The plugin pod's UID, as the DaemonSet passes it: its sockets are named by it, and
     /// a restart (same pod) keeps it.
     pod_uid: String,
+    /// Bytes of a tmpfs the plugin's state directory is mounted on, in a mount namespace
+    /// of the plugin's own (see [`SimNode::start_with_small_state_dir`]).
+    state_tmpfs: Option<u64>,
     process: Option<Child>,
     /// The kubelet of this node.
     pub kubelet: HollowKubelet,
@@ -94,6 +97,29 @@ impl SimNode {
     /// starts the plugin and waits until the kubelet has registered it.
     /// `inventory` is the simulated hardware (YAML), e.g. `gpus: [{model: h100-80gb}]`.
     pub async fn start(cp: &ControlPlane, name: &str, inventory: &str) -> anyhow::Result<Self> {
+        Self::start_inner(cp, name, inventory, None).await
+    }
+
+    /// [`SimNode::start`] with the plugin in a mount namespace of its own, its state
+    /// directory a tmpfs of `bytes` there: a test can fill it
+    /// ([`SimNode::fill_state_dir`]) or make it read-only
+    /// ([`SimNode::state_dir_read_only`]) while the plugin runs, and nothing outside the
+    /// plugin's namespace is touched. The state is lost with the process (no restarts).
+    pub async fn start_with_small_state_dir(
+        cp: &ControlPlane,
+        name: &str,
+        inventory: &str,
+        bytes: u64,
+    ) -> anyhow::Result<Self> {
+        Self::start_inner(cp, name, inventory, Some(bytes)).await
+    }
+
+    async fn start_inner(
+        cp: &ControlPlane,
+        name: &str,
+        inventory: &str,
+        state_tmpfs: Option<u64>,
+    ) -> anyhow::Result<Self> {
         let admin = cp.admin_client().await?;
         let dir = tempfile::Builder::new().prefix("tessera-node-").tempdir()?;
         let run = tempfile::Builder::new()
@@ -128,6 +154,7 @@ impl SimNode {
             kubeconfig,
             metrics_port,
             pod_uid: uuid::Uuid::new_v4().to_string(),
+            state_tmpfs,
             process: None,
             kubelet,
         };
@@ -199,7 +226,21 @@ impl SimNode {
             .append(true)
             .open(self.log_path())?;
         let driver = self.driver();
-        let child = Command::new(plugin_binary()?)
+        let mut command = match self.state_tmpfs {
+            None => Command::new(plugin_binary()?),
+            Some(bytes) => {
+                // unshare and sh exec in turn, so the child's pid is the plugin's.
+                let mut c = Command::new("unshare");
+                c.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+                    .arg(format!(
+                        "mount -t tmpfs -o size={bytes} tessera-state \"$0\" && exec \"$@\""
+                    ))
+                    .arg(self.state_dir())
+                    .arg(plugin_binary()?);
+                c
+            }
+        };
+        let child = command
             .args(["--node-name", &self.name, "--backend", "nvml"])
             .arg("--nvidia-driver-root")
             .arg(driver.path())
@@ -290,6 +331,55 @@ impl SimNode {
     pub async fn roll_plugin(&mut self) -> anyhow::Result<Duration> {
         let next = self.start_successor()?;
         self.finish_roll(next).await
+    }
+
+    /// Runs `script` (sh) in the plugin's mount namespace, where its state directory is
+    /// `$0`; the plugin must have been started by
+    /// [`SimNode::start_with_small_state_dir`]. Returns whether the script succeeded.
+    fn in_plugin_mounts(&self, script: &str) -> anyhow::Result<bool> {
+        anyhow::ensure!(
+            self.state_tmpfs.is_some(),
+            "the plugin has no state directory of its own"
+        );
+        let child = self.process.as_ref().context("no plugin is running")?;
+        let status = Command::new("nsenter")
+            .args([
+                "-t",
+                &child.id().to_string(),
+                "-m",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ])
+            .arg(self.state_dir())
+            .stderr(Stdio::null())
+            .status()
+            .context("running nsenter")?;
+        Ok(status.success())
+    }
+
+    /// Makes the plugin's state directory read-only (`true`) or writable again, as a
+    /// failing disk remounted read-only would.
+    pub fn state_dir_read_only(&self, read_only: bool) -> anyhow::Result<()> {
+        let mode = if read_only { "ro" } else { "rw" };
+        let done = self.in_plugin_mounts(&format!("mount -o remount,{mode} \"$0\""))?;
+        anyhow::ensure!(done, "remounting the state directory {mode} failed");
+        Ok(())
+    }
+
+    /// Fills the plugin's state directory to the last byte (`true`), or frees it again.
+    pub fn fill_state_dir(&self, full: bool) -> anyhow::Result<()> {
+        if full {
+            // cat fails once the tmpfs is full: that is the point.
+            self.in_plugin_mounts("cat /dev/zero > \"$0/filler\"")?;
+            let left = self.in_plugin_mounts("head -c 1 /dev/zero > \"$0/one-more\"")?;
+            anyhow::ensure!(!left, "the state directory still takes writes");
+        } else {
+            let freed = self.in_plugin_mounts("rm -f \"$0/filler\" \"$0/one-more\"")?;
+            anyhow::ensure!(freed, "freeing the state directory failed");
+        }
+        Ok(())
     }
 
     /// Stops (`SIGSTOP`) or resumes (`SIGCONT`) the running plugin process, to hold it at

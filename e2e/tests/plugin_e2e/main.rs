@@ -9,6 +9,7 @@ mod faults;
 mod recovery;
 mod requests;
 mod sharing;
+mod storage;
 mod upgrade;
 
 use std::{collections::BTreeMap, time::Duration};
