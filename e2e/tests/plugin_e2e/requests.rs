@@ -186,3 +186,135 @@ async fn dropped_slice_fields_are_reported_in_status_instead_of_republished_fore
     let (code, body) = node.http_get("/readyz").await.unwrap();
     assert_eq!(code, 200, "{body}");
 }
+
+/// `GpuNode` specs written by hand, wrong in ways the schema cannot see: an index the
+/// node does not have, the UUID of another GPU, a static layout that overlaps itself.
+/// Each is named in the `Applied` condition; only what fits is made on the hardware; and
+/// the plugin settles instead of rewriting its slices or status over and over.
+#[tokio::test]
+async fn hand_written_gpunode_specs_that_cannot_apply_are_reported_and_touch_nothing_else() {
+    let (cp, client) = setup().await;
+    let node = SimNode::start(
+        &cp,
+        "hand-written",
+        "gpus: [{model: h100-80gb}, {model: h100-80gb}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    let wrong_uuid = "GPU-00000000-0000-4000-8000-000000000000";
+    let gpunodes: Api<tessera_api::GpuNode> = Api::all(client.clone());
+    gpunodes
+        .patch(
+            "hand-written",
+            &PatchParams::apply("an-admin").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
+                "metadata": {"name": "hand-written"},
+                "spec": {"gpus": [
+                    {"index": 0, "uuid": wrong_uuid, "strategy": "Exclusive"},
+                    {"index": 1, "strategy": "MIG", "mig": {"mode": "Static", "instances": [
+                        {"profile": "4g.40gb", "start": 0},
+                        {"profile": "3g.40gb", "start": 0},
+                        {"profile": "3g.40gb", "start": 4}
+                    ]}},
+                    {"index": 5, "strategy": "MPS"}
+                ]}
+            })),
+        )
+        .await
+        .unwrap();
+    let generation = gpunodes
+        .get("hand-written")
+        .await
+        .unwrap()
+        .metadata
+        .generation;
+    let applied = |g: &tessera_api::GpuNode| {
+        g.status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Applied").cloned())
+    };
+    let gn = cluster::wait_for(
+        &gpunodes,
+        "hand-written",
+        |g: Option<&tessera_api::GpuNode>| {
+            g.is_some_and(|g| {
+                g.status
+                    .as_ref()
+                    .is_some_and(|s| s.observed_generation >= generation)
+                    && applied(g).is_some_and(|c| c.reason == "ConfigNotApplicable")
+            })
+        },
+        "the plugin to report the spec it cannot apply",
+        WAIT,
+    )
+    .await
+    .unwrap();
+    let condition = applied(&gn).unwrap();
+    assert_eq!(condition.status, "False");
+    for says in [
+        "GPU 5, which this node does not have",
+        wrong_uuid,
+        "3g.40gb at 0 is left out",
+    ] {
+        assert!(
+            condition.message.contains(says),
+            "{says}: {}",
+            condition.message
+        );
+    }
+    // The layout's instances that fit are held; the GPU named by a wrong UUID keeps the
+    // default, which makes nothing ahead of claims.
+    eventually("the static layout's instances that fit", WAIT, || async {
+        let state = sim(&node);
+        // NVML profile ids on an H100: 5 is 4g.40gb, 9 is 3g.40gb.
+        let mut made: Vec<(u32, u8)> = state.gpus[1]
+            .instances
+            .iter()
+            .map(|i| (i.profile_id, i.start))
+            .collect();
+        made.sort();
+        (made == [(5, 0), (9, 4)]).then_some(())
+    })
+    .await
+    .unwrap();
+    assert!(sim(&node).gpus[0].instances.is_empty());
+
+    // Settled (the status, written after the slices in each pass, shows the instances):
+    // nothing is rewritten while nothing changes.
+    cluster::wait_for(
+        &gpunodes,
+        "hand-written",
+        |g: Option<&tessera_api::GpuNode>| {
+            g.and_then(|g| g.status.as_ref())
+                .is_some_and(|s| s.mig_instances == 2)
+        },
+        "the status to show the layout's instances",
+        WAIT,
+    )
+    .await
+    .unwrap();
+    let version = gpunodes
+        .get("hand-written")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
+    let writes = slice_writes_during(
+        &client,
+        "hand-written",
+        std::future::ready(()),
+        Duration::from_secs(3),
+    )
+    .await;
+    assert_eq!(writes, 0, "the plugin keeps republishing");
+    let after = gpunodes
+        .get("hand-written")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
+    assert_eq!(after, version, "the plugin keeps rewriting the GpuNode");
+    let (code, body) = node.http_get("/readyz").await.unwrap();
+    assert_eq!(code, 200, "{body}");
+}

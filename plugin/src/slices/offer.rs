@@ -8,6 +8,7 @@ use tessera_api::{
 use tessera_gpu::{
     backend::{GpuInfo, TimeSlice},
     catalog::MigLayout,
+    geometry::{Occupancy, Placement},
 };
 
 use crate::config::DefaultStrategy;
@@ -57,6 +58,9 @@ pub fn resolve_offers<'a>(
     default: DefaultStrategy,
 ) -> (Vec<GpuOffer>, Vec<String>) {
     let mut warnings = Vec::new();
+    if let Some(spec) = spec {
+        warnings.extend(unmatched_entries(spec, gpus));
+    }
     let offers = gpus
         .iter()
         .map(|gpu| {
@@ -74,6 +78,37 @@ pub fn resolve_offers<'a>(
         })
         .collect();
     (offers, warnings)
+}
+
+/// What is wrong with spec entries that configure no GPU: an index the node does not
+/// have, or the UUID of another GPU than the one at that index (a board swapped since
+/// the spec was written). Such entries are ignored; the GPU at the index offers the
+/// default.
+fn unmatched_entries(spec: &GpuNodeSpec, gpus: &[GpuInfo]) -> Vec<String> {
+    let indices = || {
+        gpus.iter()
+            .map(|g| g.index.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    spec.gpus
+        .iter()
+        .filter_map(|c| match gpus.iter().find(|g| g.index == c.index) {
+            None => Some(format!(
+                "spec.gpus names GPU {}, which this node does not have (its GPUs: {}); the entry is ignored",
+                c.index,
+                indices()
+            )),
+            Some(g) => match &c.uuid {
+                // An unreadable GPU has no UUID to compare; its fault is reported apart.
+                Some(u) if *u != g.uuid && !g.is_unreadable() => Some(format!(
+                    "spec.gpus entry for GPU {} names {u}, but GPU {} is {}; the entry is ignored and the GPU offers the default",
+                    c.index, g.index, g.uuid
+                )),
+                _ => None,
+            },
+        })
+        .collect()
 }
 
 /// The spec's entry for `gpu`: the one at its index, unless it names another GPU's UUID
@@ -119,6 +154,9 @@ fn from_config(
             }
             if mig.mode == MigMode::Static {
                 let mut placements = Vec::new();
+                // A hand-written layout may overlap itself; the instances that fit, in
+                // the order listed, are held, so no hardware call is made that must fail.
+                let mut occupancy = Occupancy::new();
                 for i in &mig.instances {
                     let Some(p) = layout.profile_by_name(i.profile.as_str()) else {
                         warnings.push(format!(
@@ -128,7 +166,20 @@ fn from_config(
                         continue;
                     };
                     match u8::try_from(i.start).ok().filter(|s| p.starts.contains(*s)) {
-                        Some(start) => placements.push((p.profile_id, start)),
+                        Some(start) => {
+                            let placement = Placement {
+                                profile_id: p.profile_id,
+                                start,
+                            };
+                            let tag = u32::try_from(placements.len()).unwrap_or(u32::MAX);
+                            match occupancy.place(layout, placement, tag) {
+                                Ok(_) => placements.push((p.profile_id, start)),
+                                Err(e) => warnings.push(format!(
+                                    "GPU {} ({}): the static layout's {} at {} is left out: it does not fit next to the instances listed before it ({e})",
+                                    gpu.index, gpu.product_name, i.profile, i.start
+                                )),
+                            }
+                        }
                         None => warnings.push(format!(
                             "GPU {} ({}): the static layout's {} at {} is left out: {} starts only at {}",
                             gpu.index,

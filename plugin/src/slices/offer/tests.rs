@@ -154,8 +154,16 @@ fn a_spec_entry_for_another_gpus_uuid_is_ignored() {
         "uuid": "GPU-ffffffff-0000-0000-0000-000000000000",
         "strategy": "Exclusive"
     }]));
-    let (offers, _) = resolve(Some(&other));
+    let (offers, warnings) = resolve(Some(&other));
     assert_eq!(offers[0], dynamic(&[]), "the entry names another GPU");
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("GPU-ffffffff-0000-0000-0000-000000000000")
+            && warnings[0].contains(H100_UUID)
+            && warnings[0].contains("ignored"),
+        "{}",
+        warnings[0]
+    );
 
     let same = spec(json!([{ "index": 0, "uuid": H100_UUID, "strategy": "Exclusive" }]));
     let (offers, _) = resolve(Some(&same));
@@ -165,8 +173,47 @@ fn a_spec_entry_for_another_gpus_uuid_is_ignored() {
 #[test]
 fn a_spec_entry_applies_only_to_its_index() {
     let s = spec(json!([{ "index": 7, "strategy": "Exclusive" }]));
-    let (offers, _) = resolve(Some(&s));
+    let (offers, warnings) = resolve(Some(&s));
     assert_eq!(offers, [dynamic(&[]), GpuOffer::Exclusive]);
+    assert_eq!(
+        warnings,
+        [
+            "spec.gpus names GPU 7, which this node does not have (its GPUs: 0, 1); the entry is ignored"
+        ]
+    );
+}
+
+#[test]
+fn a_static_layout_that_overlaps_itself_keeps_the_instances_listed_first() {
+    let s = spec(json!([{
+        "index": 0,
+        "strategy": "MIG",
+        "mig": {
+            "mode": "Static",
+            "instances": [
+                { "profile": "4g.40gb", "start": 0 },
+                // Memory slices 0-3 belong to the 4g.40gb above.
+                { "profile": "3g.40gb", "start": 0 },
+                { "profile": "3g.40gb", "start": 4 },
+                // Slices 4-7 are the 3g.40gb's now.
+                { "profile": "1g.10gb", "start": 6 }
+            ]
+        }
+    }]));
+    let (offers, warnings) = resolve(Some(&s));
+    assert_eq!(
+        offers[0],
+        GpuOffer::StaticMig {
+            placements: vec![(5, 0), (9, 4)]
+        }
+    );
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(
+        warnings[0].contains("3g.40gb at 0") && warnings[0].contains("does not fit"),
+        "{}",
+        warnings[0]
+    );
+    assert!(warnings[1].contains("1g.10gb at 6"), "{}", warnings[1]);
 }
 
 #[test]
