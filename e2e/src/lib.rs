@@ -14,6 +14,7 @@
 
 pub mod bench;
 pub mod bench_adaptive;
+pub mod bench_load;
 pub mod bench_operator;
 pub mod binaries;
 mod certs;

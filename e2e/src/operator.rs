@@ -164,12 +164,12 @@ impl OperatorProcess {
 
     /// Its resident memory (`VmRSS`), in KiB.
     pub fn rss_kib(&self) -> Option<f64> {
-        let pid = self.process.as_ref()?.id();
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        crate::process::status_kib(self.process.as_ref()?.id(), "VmRSS")
+    }
+
+    /// Its peak resident memory so far (`VmHWM`), in KiB.
+    pub fn peak_kib(&self) -> Option<f64> {
+        crate::process::status_kib(self.process.as_ref()?.id(), "VmHWM")
     }
 
     /// GETs a path of its HTTP endpoint: (status, body).

@@ -479,6 +479,11 @@ impl SimNode {
         self.restart().await
     }
 
+    /// The running plugin's peak resident memory so far (`VmHWM`), in KiB.
+    pub fn plugin_peak_kib(&self) -> Option<f64> {
+        crate::process::status_kib(self.process.as_ref()?.id(), "VmHWM")
+    }
+
     /// Whether the plugin process is still running.
     pub fn plugin_running(&mut self) -> bool {
         self.process

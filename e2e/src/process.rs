@@ -149,3 +149,12 @@ pub fn sample(exposition: &str, sample: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())
 }
+
+/// A memory figure of process `pid` from `/proc/<pid>/status` (`VmRSS`, `VmHWM`), in KiB.
+pub fn status_kib(pid: u32, field: &str) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}

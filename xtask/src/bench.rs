@@ -1,7 +1,9 @@
 //! `cargo xtask bench`: the plugin's own overhead (prepare/unprepare latency over the real
 //! socket, slice building and publishing), measured on a fresh control plane and printed;
 //! `cargo xtask bench --operator`: the operator against a thousand GpuNodes;
-//! `cargo xtask bench --adaptive`: pod to running when its GPU must change shape first.
+//! `cargo xtask bench --adaptive`: pod to running when its GPU must change shape first;
+//! `cargo xtask bench --load`: a thousand claims at once on three nodes (API writes per
+//! claim, peak memory).
 //!
 //! It builds what it needs, then runs the measurement in a child process of the profile
 //! measured (`target/<profile>/xtask bench --skip-build`) with `TESSERA_PLUGIN_BIN` and the
@@ -60,6 +62,10 @@ pub struct Args {
     /// Trials per configuration in the adaptive benchmark.
     #[arg(long, default_value_t = 50)]
     pub trials: usize,
+    /// Measure load instead: `--claims` pods (default 1,000) with a claim each, created
+    /// at once on three nodes with the operator; API writes per claim, peak memory.
+    #[arg(long, conflicts_with_all = ["operator", "adaptive"])]
+    pub load: bool,
     /// Internal: run the measurement in this process with what the environment names
     /// (`TESSERA_PLUGIN_BIN`, `TESSERA_K8S_BIN_DIR`); the parent `bench` sets them.
     #[arg(long, hide = true)]
@@ -126,19 +132,24 @@ pub fn run(args: Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         cmd.arg("--adaptive")
             .args(["--trials", &args.trials.to_string()]);
     }
+    if args.load {
+        cmd.arg("--load");
+    }
     if let Some(qps) = args.claim_status_qps {
         // The measuring child passes its environment on to the plugin processes it starts.
         cmd.args(["--claim-status-qps", &qps.to_string()])
             .env("TESSERA_CLAIM_STATUS_QPS", qps.to_string());
     }
-    let measured = if args.operator || args.adaptive {
+    let measured = if args.operator || args.adaptive || args.load {
         &operator
     } else {
         &plugin
     };
     println!(
         "\n==> measuring the {profile} {} ({}) on Kubernetes {}",
-        if args.adaptive {
+        if args.load {
+            "operator and plugins (load)"
+        } else if args.adaptive {
             "operator and plugin (adaptive sharing)"
         } else if args.operator {
             "operator"
@@ -170,7 +181,7 @@ fn measure_operator(args: &Args, rt: &tokio::runtime::Runtime) -> anyhow::Result
         &opts, &progress,
     ))?;
     let met = report.all_targets_met();
-    print_report(&report, met, args.json.as_deref())
+    print_report(&report, Some(met), args.json.as_deref())
 }
 
 /// The adaptive measurement, in this process.
@@ -185,13 +196,28 @@ fn measure_adaptive(args: &Args, rt: &tokio::runtime::Runtime) -> anyhow::Result
         &opts, &progress,
     ))?;
     let met = report.all_targets_met();
-    print_report(&report, met, args.json.as_deref())
+    print_report(&report, Some(met), args.json.as_deref())
+}
+
+/// The load measurement, in this process.
+fn measure_load(args: &Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
+    let opts = tessera_e2e::bench_load::Options {
+        claims: args.claims,
+    };
+    let started = std::time::Instant::now();
+    let progress = |line: &str| println!("    [{:>6.1}s] {line}", started.elapsed().as_secs_f64());
+    let report = rt.block_on(tessera_e2e::bench_load::load(&opts, &progress))?;
+    // Figures only: the issue sets no target for them.
+    print_report(&report, None, args.json.as_deref())
 }
 
 /// The measurement proper, in this process.
 fn measure(args: &Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     if args.operator {
         return measure_operator(args, rt);
+    }
+    if args.load {
+        return measure_load(args, rt);
     }
     if args.adaptive {
         return measure_adaptive(args, rt);
@@ -207,21 +233,22 @@ fn measure(args: &Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     let progress = |line: &str| println!("    [{:>6.1}s] {line}", started.elapsed().as_secs_f64());
     let report = rt.block_on(bench::plugin_overhead(&opts, &progress))?;
     let met = report.all_targets_met();
-    print_report(&report, met, args.json.as_deref())
+    print_report(&report, Some(met), args.json.as_deref())
 }
 
-/// Prints a report and whether its targets were met, and writes it as JSON to `json`.
+/// Prints a report and whether its targets were met (`None`: it has none), and writes it
+/// as JSON to `json`.
 /// Figures, not a test: a missed target is reported, and the command still succeeds.
 fn print_report(
     report: &(impl std::fmt::Display + serde::Serialize),
-    met: bool,
+    met: Option<bool>,
     json: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
     println!("\n{report}");
-    if met {
-        println!("every target met");
-    } else {
-        println!("some targets MISSED (see the table)");
+    match met {
+        Some(true) => println!("every target met"),
+        Some(false) => println!("some targets MISSED (see the table)"),
+        None => {}
     }
     if let Some(path) = json {
         let text = serde_json::to_string_pretty(report)?;
