@@ -3,6 +3,7 @@
 //! - `kubectl tessera profiles [MODEL] [-o table|json] [--draw] [--from-nvml]`
 //! - `kubectl tessera gpus --backend nvml|sim [--inventory FILE] [--state FILE] [-o table|json]`
 //! - `kubectl tessera simulate (--pods FILE --nodes FILE | --scenario FILE) [-o table|json] [--svg FILE]`
+//! - `kubectl tessera status [--node NAME] [-o table|json] [--kubeconfig FILE]`
 //!
 //! The library holds all logic so tests can call [`run`] with arguments and a buffer.
 
@@ -10,6 +11,7 @@ mod draw;
 mod gpus;
 mod profiles;
 mod simulate;
+pub mod status;
 
 use std::{ffi::OsString, io::Write};
 
@@ -50,6 +52,8 @@ enum Command {
     Gpus(gpus::GpusArgs),
     /// Replay a workload against a modelled cluster and compare sharing policies.
     Simulate(simulate::SimulateArgs),
+    /// The live cluster's GPUs: strategy, policy, health, MIG slices, MPS shares, pods.
+    Status(status::StatusArgs),
 }
 
 /// Parses `args` (the first is the program name) and runs the command, writing to `out`.
@@ -71,5 +75,6 @@ where
         Command::Profiles(a) => profiles::run(&a, out),
         Command::Gpus(a) => gpus::run(&a, out),
         Command::Simulate(a) => simulate::run(&a, out),
+        Command::Status(a) => status::run(&a, out),
     }
 }

@@ -81,10 +81,26 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         print!("{}", shorten(&String::from_utf8_lossy(&out.stdout)));
         eprint!("{}", String::from_utf8_lossy(&out.stderr));
     }
+    println!("\n$ kubectl tessera status");
+    let kubeconfig = cp.kubeconfig_path().to_path_buf();
+    // The CLI makes a runtime of its own, so it runs off this one.
+    let table = tokio::task::spawn_blocking(move || {
+        let mut out = Vec::new();
+        let mut argv: Vec<std::ffi::OsString> = vec![
+            "kubectl-tessera".into(),
+            "status".into(),
+            "--kubeconfig".into(),
+        ];
+        argv.push(kubeconfig.into_os_string());
+        tessera_cli::run(argv, &mut out).map(|()| out)
+    })
+    .await??;
+    print!("{}", shorten(&String::from_utf8_lossy(&table)));
     println!("\nThe demo cluster is running. In another terminal:\n");
     println!("export KUBECONFIG={}", cp.kubeconfig_path().display());
     println!("export PATH={}:$PATH", cp.bins().dir.display());
     println!("kubectl describe gpunode gpu-h100");
+    println!("cargo run -q -p tessera-cli -- status   # kubectl tessera status");
     println!("kubectl delete pod finetune   # the plugin destroys its MIG partition");
     if args.once {
         println!("\n(--once: stopping)");

@@ -439,4 +439,116 @@ async fn the_demo_workloads_run_as_shipped_on_the_demo_nodes() {
         1,
         "{devices:?}"
     );
+
+    // `kubectl tessera status` with a kubeconfig that may only read shows the same.
+    let status = tessera_status_read_only(&cp).await;
+    let node = |name: &str| {
+        status["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == name)
+            .unwrap_or_else(|| panic!("{name} missing in {status:#}"))
+            .clone()
+    };
+    let held: Vec<(String, Vec<serde_json::Value>)> = node("gpu-h100")["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| {
+            g["mig"]["instances"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|i| {
+            (
+                i["profile"].as_str().unwrap().to_string(),
+                i["pods"].as_array().unwrap().clone(),
+            )
+        })
+        .collect();
+    assert!(
+        held.iter()
+            .any(|(p, pods)| p == "3g.40gb" && pods.len() == 1)
+            && held
+                .iter()
+                .any(|(p, pods)| p == "1g.10gb" && pods.len() == 1),
+        "{held:?}"
+    );
+    let l4 = node("gpu-l4");
+    let shares: Vec<&serde_json::Value> = l4["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|g| g["mps"]["shares"].as_array())
+        .flatten()
+        .collect();
+    assert_eq!(shares.len(), 1, "{l4:#}");
+    assert_eq!(shares[0]["pods"].as_array().unwrap().len(), 1, "{l4:#}");
+    assert_eq!(node("gpu-a100")["gpus"][0]["policy"], "a100-static-4g-3g");
+}
+
+/// `kubectl tessera status -o json` as a ServiceAccount that may only get and list
+/// GpuNodes, ResourceSlices and ResourceClaims.
+async fn tessera_status_read_only(cp: &tessera_e2e::ControlPlane) -> serde_json::Value {
+    use k8s_openapi::api::{
+        core::v1::ServiceAccount,
+        rbac::v1::{ClusterRole, ClusterRoleBinding},
+    };
+    let admin = cp.admin_client().await.unwrap();
+    let apply = PatchParams::apply("test").force();
+    Api::<ServiceAccount>::namespaced(admin.clone(), "default")
+        .patch(
+            "gpu-viewer",
+            &apply,
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "gpu-viewer"}})),
+        )
+        .await
+        .unwrap();
+    Api::<ClusterRole>::all(admin.clone())
+        .patch(
+            "gpu-viewer",
+            &apply,
+            &Patch::Apply(json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": "gpu-viewer"},
+                "rules": [
+                    {"apiGroups": ["tessera.dev"], "resources": ["gpunodes"], "verbs": ["get", "list"]},
+                    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices", "resourceclaims"], "verbs": ["get", "list"]}
+                ]
+            })),
+        )
+        .await
+        .unwrap();
+    Api::<ClusterRoleBinding>::all(admin)
+        .patch(
+            "gpu-viewer",
+            &apply,
+            &Patch::Apply(json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": "gpu-viewer"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpu-viewer"},
+                "subjects": [{"kind": "ServiceAccount", "name": "gpu-viewer", "namespace": "default"}]
+            })),
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("viewer.kubeconfig");
+    cluster::service_account_kubeconfig(cp, "default", "gpu-viewer", &kubeconfig)
+        .await
+        .unwrap();
+    // The CLI makes a runtime of its own, so it runs off this one.
+    let out = tokio::task::spawn_blocking(move || {
+        let mut out = Vec::new();
+        let args = ["kubectl-tessera", "status", "-o", "json", "--kubeconfig"];
+        let mut argv: Vec<std::ffi::OsString> = args.iter().map(Into::into).collect();
+        argv.push(kubeconfig.into_os_string());
+        tessera_cli::run(argv, &mut out).map(|()| out)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    serde_json::from_slice(&out).unwrap()
 }
