@@ -4,6 +4,7 @@
 //! - `kubectl tessera gpus --backend nvml|sim [--inventory FILE] [--state FILE] [-o table|json]`
 //! - `kubectl tessera simulate (--pods FILE --nodes FILE | --scenario FILE) [-o table|json] [--svg FILE]`
 //! - `kubectl tessera status [--node NAME] [-o table|json] [--kubeconfig FILE]`
+//! - `kubectl tessera why POD [-n NAMESPACE] [-o table|json] [--kubeconfig FILE]`
 //!
 //! The library holds all logic so tests can call [`run`] with arguments and a buffer.
 
@@ -12,6 +13,7 @@ mod gpus;
 mod profiles;
 mod simulate;
 pub mod status;
+pub mod why;
 
 use std::{ffi::OsString, io::Write};
 
@@ -54,6 +56,8 @@ enum Command {
     Simulate(simulate::SimulateArgs),
     /// The live cluster's GPUs: strategy, policy, health, MIG slices, MPS shares, pods.
     Status(status::StatusArgs),
+    /// Why a pod's GPU claims wait, and what would let it run.
+    Why(why::WhyArgs),
 }
 
 /// Parses `args` (the first is the program name) and runs the command, writing to `out`.
@@ -76,5 +80,6 @@ where
         Command::Gpus(a) => gpus::run(&a, out),
         Command::Simulate(a) => simulate::run(&a, out),
         Command::Status(a) => status::run(&a, out),
+        Command::Why(a) => why::run(&a, out),
     }
 }

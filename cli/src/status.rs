@@ -184,17 +184,7 @@ async fn read(
     args: &StatusArgs,
 ) -> anyhow::Result<(Vec<GpuNode>, Vec<ResourceSlice>, Vec<ResourceClaim>)> {
     use kube::{Api, api::ListParams};
-    let config = match &args.kubeconfig {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("finding a kubeconfig (set KUBECONFIG or --kubeconfig)")?,
-    };
-    let client = kube::Client::try_from(config)?;
+    let client = client(args.kubeconfig.as_deref()).await?;
     let gpunodes = Api::<GpuNode>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -208,6 +198,22 @@ async fn read(
         .await
         .context("listing ResourceClaims")?;
     Ok((gpunodes.items, slices.items, claims.items))
+}
+
+/// A client from `kubeconfig`, else as kubectl finds one (`KUBECONFIG`, `~/.kube/config`,
+/// in-cluster).
+pub(crate) async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("finding a kubeconfig (set KUBECONFIG or --kubeconfig)")?,
+    };
+    Ok(kube::Client::try_from(config)?)
 }
 
 /// The cluster as `kubectl tessera status` shows it.

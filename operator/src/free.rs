@@ -43,6 +43,67 @@ pub fn placeable(demand: &Demand, supply: &Supply) -> BTreeSet<String> {
     out
 }
 
+/// Why the published devices of one shape can or cannot take one more claim of it now,
+/// by the rules [`placeable`] applies (for `kubectl tessera why`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShapeDevices {
+    /// Devices of the shape, on every node.
+    pub published: u32,
+    /// Those that could take the claim now.
+    pub free: u32,
+    /// Those a `NoSchedule`/`NoExecute` taint keeps new claims off (a GPU fault, a GPU
+    /// changing shape).
+    pub tainted: u32,
+    /// Those another claim holds.
+    pub held: u32,
+    /// Shared devices (MPS, time-slices) whose capacity or client slots are used up.
+    pub capacity_used_up: u32,
+    /// Those whose hardware other devices' claims already use (the shared counters: a
+    /// MIG placement overlapping an allocated one, a whole GPU with a partition on it).
+    pub counters_used_up: u32,
+    /// The nodes with a free device, by name.
+    pub free_on: BTreeSet<String>,
+    /// The claims holding devices of the GPUs that publish the shape (`namespace/name`):
+    /// what would have to end for a device of it to come free.
+    pub holders: BTreeSet<String>,
+}
+
+/// What keeps each published device of `shape` from taking one more claim of it.
+pub fn explain(shape: &Shape, supply: &Supply) -> ShapeDevices {
+    let ledger = Ledger::new(supply);
+    let mut out = ShapeDevices::default();
+    for (node, n) in &ledger.nodes {
+        for (i, (_, p, state)) in n.devices.iter().enumerate() {
+            let Some(grant) = grant(shape, p) else {
+                continue;
+            };
+            out.published += 1;
+            if p.tainted {
+                out.tainted += 1;
+            } else if state.held && p.shared.is_none() {
+                out.held += 1;
+            } else if grant
+                .iter()
+                .any(|(k, v)| state.left.get(k).is_none_or(|l| l < v))
+            {
+                out.capacity_used_up += 1;
+            } else if n.clone().take(i, &grant, false) {
+                out.free += 1;
+                out.free_on.insert((*node).to_string());
+            } else {
+                out.counters_used_up += 1;
+            }
+        }
+    }
+    for (gpu, devices) in &supply.published {
+        if devices.values().any(|p| grant(shape, p).is_some()) {
+            let on_it = supply.allocated.get(gpu).into_iter().flatten();
+            out.holders.extend(on_it.map(|a| a.claim.clone()));
+        }
+    }
+    out
+}
+
 /// What is free, per node.
 struct Ledger<'s> {
     nodes: BTreeMap<&'s str, NodeLedger<'s>>,

@@ -269,10 +269,61 @@ async fn a_full_gpu_keeps_the_next_pod_pending_until_another_is_deleted() {
     )
     .await;
     wait_unschedulable(&client, "next").await;
+    // `kubectl tessera why next`: every 4g placement is on hardware the 7g uses.
+    let why = tessera_why(&cp, "next").await;
+    let shape = &why["claims"][0]["shapes"][0];
+    assert_eq!(shape["shape"], "MIG 4g.40gb", "{why:#}");
+    assert!(shape["published"].as_u64().unwrap() >= 1, "{why:#}");
+    assert_eq!(shape["free"], 0, "{why:#}");
+    assert_eq!(shape["countersUsedUp"], shape["published"], "{why:#}");
+    assert!(
+        shape["verdict"]
+            .as_str()
+            .unwrap()
+            .starts_with("every device of this shape is taken"),
+        "{why:#}"
+    );
     delete_pod(&client, "big").await;
     let next = wait_running(&client, "next").await;
     let (_, device) = allocated(&claim_of(&client, &next).await);
     assert_eq!(device, "gpu-0-mig-4g-40gb-0");
+    let why = tessera_why(&cp, "next").await;
+    assert!(
+        why["claims"][0]["allocated"]
+            .as_str()
+            .unwrap()
+            .contains("gpu-0-mig-4g-40gb-0"),
+        "{why:#}"
+    );
+}
+
+/// `kubectl tessera why POD -n workloads -o json` with the admin kubeconfig.
+async fn tessera_why(cp: &tessera_e2e::ControlPlane, pod: &str) -> serde_json::Value {
+    let kubeconfig = cp.kubeconfig_path().to_path_buf();
+    let pod = pod.to_string();
+    // The CLI makes a runtime of its own, so it runs off this one.
+    let out = tokio::task::spawn_blocking(move || {
+        let mut out = Vec::new();
+        let mut argv: Vec<std::ffi::OsString> = [
+            "kubectl-tessera",
+            "why",
+            &pod,
+            "-n",
+            NS,
+            "-o",
+            "json",
+            "--kubeconfig",
+        ]
+        .iter()
+        .map(Into::into)
+        .collect();
+        argv.push(kubeconfig.into_os_string());
+        tessera_cli::run(argv, &mut out).map(|()| out)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    serde_json::from_slice(&out).unwrap()
 }
 
 #[tokio::test]

@@ -257,3 +257,50 @@ fn every_request_of_a_claim_lands_on_one_node_and_a_failed_claim_takes_nothing()
     // a needs both on one node: neither has both; its tries leave b the 1g.
     assert_eq!(names(&placeable(&split, &s)), ["ns/b"]);
 }
+
+#[test]
+fn explain_sorts_each_device_of_a_shape_by_what_keeps_it_from_a_claim() {
+    let mut fenced = mig("1g.10gb", &[7]);
+    fenced.tainted = true;
+    let mut s = supply(
+        "n",
+        vec![
+            ("gpu-0-mig-1g10gb-0", mig("1g.10gb", &[0])),
+            ("gpu-0-mig-1g10gb-1", mig("1g.10gb", &[1])),
+            ("gpu-0-mig-1g10gb-4", mig("1g.10gb", &[4])),
+            ("gpu-0-mig-1g10gb-7", fenced),
+            ("gpu-0-mig-4g40gb-4", mig("4g.40gb", &[4, 5, 6, 7])),
+        ],
+    );
+    hold(&mut s, "n", "gpu-0-mig-1g10gb-0", &[]);
+    hold(&mut s, "n", "gpu-0-mig-4g40gb-4", &[]);
+    let e = explain(&profile("1g.10gb"), &s);
+    assert_eq!(
+        (e.published, e.free, e.held, e.tainted, e.counters_used_up),
+        (4, 1, 1, 1, 1),
+        "{e:?}"
+    );
+    assert_eq!(names(&e.free_on), ["n"]);
+    assert_eq!(
+        names(&e.holders),
+        ["ns/holds-gpu-0-mig-1g10gb-0", "ns/holds-gpu-0-mig-4g40gb-4"]
+    );
+    assert_eq!(explain(&profile("3g.40gb"), &s).published, 0);
+}
+
+#[test]
+fn explain_counts_a_shared_device_whose_clients_are_used_up() {
+    let mut s = supply("n", vec![("gpu-0-mps", mps(1))]);
+    hold(
+        &mut s,
+        "n",
+        "gpu-0-mps",
+        &[("clients", 1), ("computePercent", 10)],
+    );
+    let e = explain(&share(None, None), &s);
+    assert_eq!(
+        (e.published, e.capacity_used_up, e.free),
+        (1, 1, 0),
+        "{e:?}"
+    );
+}
