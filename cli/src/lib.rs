@@ -2,13 +2,14 @@
 //!
 //! - `kubectl tessera profiles [MODEL] [-o table|json] [--draw] [--from-nvml]`
 //! - `kubectl tessera gpus --backend nvml|sim [--inventory FILE] [--state FILE] [-o table|json]`
-//! - `kubectl tessera simulate (--pods FILE --nodes FILE | --scenario FILE) [-o table|json] [--svg FILE]`
+//! - `kubectl tessera simulate (--pods FILE --nodes FILE | --scenario FILE | --from-cluster) [-o table|json] [--svg FILE]`
 //! - `kubectl tessera status [--node NAME] [-o table|json] [--kubeconfig FILE]`
 //! - `kubectl tessera why POD [-n NAMESPACE] [-o table|json] [--kubeconfig FILE]`
 //!
 //! The library holds all logic so tests can call [`run`] with arguments and a buffer.
 
 mod draw;
+mod from_cluster;
 mod gpus;
 mod profiles;
 mod simulate;

@@ -79,9 +79,14 @@ pub struct SimulateArgs {
     /// A scenario in Tessera's CSV format (nodes and pods in one file; see the README).
     #[arg(long, value_name = "FILE")]
     scenario: Option<PathBuf>,
-    /// Read nodes, GpuNodes, policies, pods and claims of a live cluster (not done yet).
-    #[arg(long)]
+    /// Read the workload from a live cluster instead: its GPU nodes, and its pods with
+    /// the GPU shares their claims ask for (see the README for the mapping).
+    #[arg(long, conflicts_with_all = ["pods", "scenario"])]
     from_cluster: bool,
+    /// Kubeconfig for `--from-cluster` (default: `KUBECONFIG`, then `~/.kube/config`,
+    /// then in-cluster).
+    #[arg(long, env = "KUBECONFIG", value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
     /// GPU model of the modelled nodes (catalogue key or NVML product name).
     #[arg(long, env = "TESSERA_SIMULATE_GPU_MODEL", default_value = "h100-80gb")]
     gpu_model: String,
@@ -151,9 +156,25 @@ fn read(path: &Path) -> anyhow::Result<String> {
 
 fn workload(a: &SimulateArgs) -> anyhow::Result<Workload> {
     if a.from_cluster {
-        bail!(
-            "--from-cluster is not done yet; export the cluster as a scenario CSV (see the README) and pass --scenario"
-        );
+        let read = crate::from_cluster::read(
+            a.kubeconfig.as_deref(),
+            &a.gpu_model,
+            a.mps_max_clients.max(1),
+        )?;
+        if !a.quiet {
+            for line in &read.left_out {
+                eprintln!("{line}");
+            }
+            eprintln!(
+                "from the cluster: {} GPU nodes, {} pods",
+                read.workload.nodes.len(),
+                read.workload.pods.len()
+            );
+        }
+        if read.workload.nodes.is_empty() {
+            bail!("the cluster has no node with a GpuNode: no node runs tessera-plugin");
+        }
+        return Ok(read.workload);
     }
     match (&a.pods, &a.nodes, &a.scenario) {
         (Some(p), Some(n), None) => Ok(Workload {

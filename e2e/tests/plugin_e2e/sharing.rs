@@ -538,6 +538,43 @@ async fn the_demo_workloads_run_as_shipped_on_the_demo_nodes() {
     assert_eq!(shares.len(), 1, "{l4:#}");
     assert_eq!(shares[0]["pods"].as_array().unwrap().len(), 1, "{l4:#}");
     assert_eq!(node("gpu-a100")["gpus"][0]["policy"], "a100-static-4g-3g");
+
+    // `kubectl tessera simulate --from-cluster` replays what runs: the demo's four pods
+    // (a 1g and a 3g partition, an MPS share, a whole GPU) on its three GPU nodes.
+    let kubeconfig = cp.kubeconfig_path().to_path_buf();
+    let out = tokio::task::spawn_blocking(move || {
+        let mut out = Vec::new();
+        let mut argv: Vec<std::ffi::OsString> = [
+            "kubectl-tessera",
+            "simulate",
+            "--from-cluster",
+            "--seeds",
+            "0",
+            "-q",
+            "-o",
+            "json",
+            "--kubeconfig",
+        ]
+        .iter()
+        .map(Into::into)
+        .collect();
+        argv.push(kubeconfig.into_os_string());
+        tessera_cli::run(argv, &mut out).map(|()| out)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(report["clusterNodes"], 3, "{report:#}");
+    // The plugins' own pods on the GPU nodes come in as CPU-only pods, as they would.
+    let pods = &report["pods"];
+    assert_eq!(
+        pods["pods"].as_u64().unwrap() - pods["cpuPods"].as_u64().unwrap(),
+        4,
+        "{report:#}"
+    );
+    assert_eq!(report["pods"]["wholeGpuPods"], 1, "{report:#}");
+    assert_eq!(report["pods"]["sharingPods"], 3, "{report:#}");
 }
 
 /// `kubectl tessera status -o json` as a ServiceAccount that may only get and list
