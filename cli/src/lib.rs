@@ -74,7 +74,12 @@ where
             write!(out, "{e}")?;
             return Ok(());
         }
-        Err(e) => return Err(anyhow::anyhow!("{e}")),
+        // The caller prints "error: " before the message, as clap would.
+        Err(e) => {
+            let text = e.to_string();
+            let text = text.strip_prefix("error: ").unwrap_or(&text).trim_end();
+            return Err(anyhow::anyhow!("{text}"));
+        }
     };
     match cli.command {
         Command::Profiles(a) => profiles::run(&a, out),

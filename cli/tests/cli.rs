@@ -181,5 +181,9 @@ fn simulate_names_the_bad_line_of_its_input() {
     assert!(stderr.contains("line 2: cpu_milli = \"x\""), "{stderr}");
     let (ok, _, stderr) = kubectl_tessera(&["simulate", "--scenario", &path, "--from-cluster"]);
     assert!(!ok);
-    assert!(stderr.contains("not done yet"), "{stderr}");
+    assert!(
+        stderr.contains("'--scenario <FILE>' cannot be used with '--from-cluster'"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("error: error:"), "{stderr}");
 }
