@@ -44,12 +44,8 @@ pub fn read(
     mps_max_clients: u32,
 ) -> anyhow::Result<FromCluster> {
     use kube::{Api, api::ListParams};
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
-    let (nodes, gpunodes, pods, claims) = rt.block_on(async {
-        let client = crate::status::client(kubeconfig).await?;
+    let (nodes, gpunodes, pods, claims) = crate::live::block_on(async {
+        let client = crate::live::client(kubeconfig).await?;
         let lp = ListParams::default();
         anyhow::Ok((
             Api::<Node>::all(client.clone())

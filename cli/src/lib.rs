@@ -11,6 +11,7 @@
 mod draw;
 mod from_cluster;
 mod gpus;
+mod live;
 mod profiles;
 mod simulate;
 pub mod status;

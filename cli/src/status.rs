@@ -157,11 +157,7 @@ pub struct ClaimUse {
 
 /// Reads the cluster and prints it.
 pub fn run(args: &StatusArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
-    let (gpunodes, slices, claims) = rt.block_on(read(args))?;
+    let (gpunodes, slices, claims) = crate::live::block_on(read(args))?;
     let mut view = view(&gpunodes, &slices, &claims);
     if let Some(node) = &args.node {
         view.nodes.retain(|n| &n.name == node);
@@ -170,21 +166,14 @@ pub fn run(args: &StatusArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             "node {node} has no GpuNode: it runs no tessera-plugin, or it is not a node of this cluster"
         );
     }
-    match args.output {
-        Output::Json => {
-            serde_json::to_writer_pretty(&mut *out, &view)?;
-            writeln!(out)?;
-        }
-        Output::Table => render::table(out, &view)?,
-    }
-    Ok(())
+    crate::live::print(out, args.output, &view, render::table)
 }
 
 async fn read(
     args: &StatusArgs,
 ) -> anyhow::Result<(Vec<GpuNode>, Vec<ResourceSlice>, Vec<ResourceClaim>)> {
     use kube::{Api, api::ListParams};
-    let client = client(args.kubeconfig.as_deref()).await?;
+    let client = crate::live::client(args.kubeconfig.as_deref()).await?;
     let gpunodes = Api::<GpuNode>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -198,22 +187,6 @@ async fn read(
         .await
         .context("listing ResourceClaims")?;
     Ok((gpunodes.items, slices.items, claims.items))
-}
-
-/// A client from `kubeconfig`, else as kubectl finds one (`KUBECONFIG`, `~/.kube/config`,
-/// in-cluster).
-pub(crate) async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("finding a kubeconfig (set KUBECONFIG or --kubeconfig)")?,
-    };
-    Ok(kube::Client::try_from(config)?)
 }
 
 /// The cluster as `kubectl tessera status` shows it.

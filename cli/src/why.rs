@@ -112,20 +112,8 @@ pub struct ShapeWhy {
 
 /// Reads the cluster and prints the answer.
 pub fn run(args: &WhyArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
-    let cluster = rt.block_on(read(args))?;
-    let why = explain(&cluster);
-    match args.output {
-        Output::Json => {
-            serde_json::to_writer_pretty(&mut *out, &why)?;
-            writeln!(out)?;
-        }
-        Output::Table => render::text(out, &why)?,
-    }
-    Ok(())
+    let cluster = crate::live::block_on(read(args))?;
+    crate::live::print(out, args.output, &explain(&cluster), render::text)
 }
 
 /// What [`explain`] reads.
@@ -145,7 +133,7 @@ pub struct Cluster {
 
 async fn read(args: &WhyArgs) -> anyhow::Result<Cluster> {
     use kube::{Api, api::ListParams};
-    let client = crate::status::client(args.kubeconfig.as_deref()).await?;
+    let client = crate::live::client(args.kubeconfig.as_deref()).await?;
     let pod = Api::<Pod>::namespaced(client.clone(), &args.namespace)
         .get_opt(&args.pod)
         .await

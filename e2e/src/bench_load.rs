@@ -18,13 +18,12 @@ use std::{
 };
 
 use anyhow::Context;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api, Client,
-    api::{DeleteParams, ListParams, Patch, PatchParams},
+    api::{DeleteParams, ListParams},
 };
 use serde::Serialize;
-use serde_json::json;
 
 use crate::{
     ControlPlane, cluster, operator::OperatorProcess, plugin::SimNode, repo_root, wait::eventually,
@@ -123,17 +122,9 @@ pub async fn load(opts: &Options, progress: &(dyn Fn(&str) + Sync)) -> anyhow::R
     let (cp, client) = crate::start_for_workloads(NS).await?;
     let kubernetes = cp.bins().version.to_string();
     let mut nodes = Vec::new();
-    let node_api: Api<Node> = Api::all(client.clone());
     for (name, pool, inventory) in NODES {
         progress(&format!("starting node {name} (pool {pool})"));
-        nodes.push(SimNode::start(&cp, name, inventory).await?);
-        node_api
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"labels": {"tessera.dev/pool": pool}}})),
-            )
-            .await?;
+        nodes.push(SimNode::start_in_pool(&cp, name, pool, inventory).await?);
     }
     progress("starting the operator and applying the sample policies");
     let operator = OperatorProcess::start(&cp, "load-operator", false).await?;
@@ -324,13 +315,7 @@ fn unschedulable(p: &Pod) -> bool {
 
 /// The API server's write requests so far, by `resource[/subresource]`.
 async fn writes(client: &Client) -> anyhow::Result<BTreeMap<String, u64>> {
-    let req = http::Request::get("/metrics")
-        .body(Vec::new())
-        .context("building the /metrics request")?;
-    let body = client
-        .request_text(req)
-        .await
-        .context("reading the API server's /metrics")?;
+    let body = cluster::apiserver_metrics(client).await?;
     let label = |line: &str, name: &str| -> Option<String> {
         let start = line.find(&format!("{name}=\""))? + name.len() + 2;
         let end = line[start..].find('"')? + start;

@@ -63,6 +63,20 @@ fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
     move |source| Error::Kube { action, source }
 }
 
+/// The API server's own `/metrics` (Prometheus text), read with `client`'s credentials.
+pub async fn apiserver_metrics(client: &Client) -> Result<String> {
+    let req = http::Request::get("/metrics")
+        .body(Vec::new())
+        .map_err(|e| Error::Manifest {
+            source_name: "/metrics".into(),
+            detail: e.to_string(),
+        })?;
+    client
+        .request_text(req)
+        .await
+        .map_err(kube_err("reading the API server's /metrics"))
+}
+
 /// Creates a ready, untainted Node with room for pods, as a kubelet would report it.
 pub async fn create_node(client: &Client, name: &str, labels: &[(&str, &str)]) -> Result<Node> {
     let nodes: Api<Node> = Api::all(client.clone());

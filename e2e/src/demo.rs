@@ -7,12 +7,8 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::{
-    Api,
-    api::{ListParams, Patch, PatchParams},
-};
-use serde_json::json;
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, api::ListParams};
 use tessera_api::GpuNode;
 
 use crate::{
@@ -60,23 +56,14 @@ impl DemoCluster {
         let client = cp.admin_client().await?;
         cluster::apply_dir(&client, &repo_root().join("config/deviceclasses"), false).await?;
         let mut nodes = Vec::new();
-        let node_api: Api<Node> = Api::all(client.clone());
         for (name, pool, inventory) in NODES {
             progress(&format!(
                 "starting node {name} (tessera.dev/pool={pool}; {})",
                 inventory.trim()
             ));
-            let node = SimNode::start(cp, name, inventory)
+            let node = SimNode::start_in_pool(cp, name, pool, inventory)
                 .await
                 .with_context(|| format!("starting simulated node {name}"))?;
-            node_api
-                .patch(
-                    name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"metadata": {"labels": {"tessera.dev/pool": pool}}})),
-                )
-                .await
-                .with_context(|| format!("labelling node {name}"))?;
             nodes.push(node);
         }
         progress("starting tessera-operator (its own ServiceAccount, leader election on)");

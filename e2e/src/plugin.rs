@@ -100,6 +100,30 @@ impl SimNode {
         Self::start_inner(cp, name, inventory, None).await
     }
 
+    /// [`SimNode::start`], then labels the Node `tessera.dev/pool=<pool>`, the label the
+    /// sample policies select.
+    pub async fn start_in_pool(
+        cp: &ControlPlane,
+        name: &str,
+        pool: &str,
+        inventory: &str,
+    ) -> anyhow::Result<Self> {
+        let node = Self::start(cp, name, inventory).await?;
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> =
+            kube::Api::all(cp.admin_client().await?);
+        nodes
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(serde_json::json!({
+                    "metadata": {"labels": {"tessera.dev/pool": pool}}
+                })),
+            )
+            .await
+            .with_context(|| format!("labelling node {name}"))?;
+        Ok(node)
+    }
+
     /// [`SimNode::start`] with the plugin in a mount namespace of its own, its state
     /// directory a tmpfs of `bytes` there: a test can fill it
     /// ([`SimNode::fill_state_dir`]) or make it read-only

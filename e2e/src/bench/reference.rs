@@ -112,13 +112,7 @@ pub(super) async fn apiserver_time(
     verb: &str,
     resource: &str,
 ) -> anyhow::Result<(f64, u64)> {
-    let req = http::Request::get("/metrics")
-        .body(Vec::new())
-        .context("building the /metrics request")?;
-    let body = client
-        .request_text(req)
-        .await
-        .context("reading the API server's /metrics")?;
+    let body = crate::cluster::apiserver_metrics(client).await?;
     let series = |name: &str| -> f64 {
         body.lines()
             .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))

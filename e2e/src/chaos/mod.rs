@@ -21,12 +21,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use k8s_openapi::api::{
-    core::v1::{Node, Pod},
+    core::v1::Pod,
     resource::v1::{ResourceClaim, ResourceSlice},
 };
 use kube::{
     Api, Client,
-    api::{DeleteParams, ListParams, Patch, PatchParams},
+    api::{DeleteParams, ListParams},
 };
 use rand::{Rng, SeedableRng, rngs::StdRng, seq::IndexedRandom};
 use serde_json::json;
@@ -237,17 +237,9 @@ pub async fn run(
     cluster::apply_dir(&client, &repo_root().join("config/deviceclasses"), false).await?;
     cluster::create_namespace(&client, NAMESPACE).await?;
     let mut nodes = Vec::new();
-    let node_api: Api<Node> = Api::all(client.clone());
     for (name, pool, inventory) in NODES {
         progress(&format!("starting node {name} (pool {pool})"));
-        nodes.push(SimNode::start(&*cp, name, inventory).await?);
-        node_api
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"labels": {"tessera.dev/pool": pool}}})),
-            )
-            .await?;
+        nodes.push(SimNode::start_in_pool(&*cp, name, pool, inventory).await?);
     }
     progress("starting two operator replicas (leader election)");
     let operators = vec![

@@ -200,3 +200,19 @@ async fn slice_generation(client: &Client, node: &str) -> i64 {
         .max()
         .unwrap_or(0)
 }
+
+/// What `kubectl tessera <args>` prints, run with `kubeconfig` as a person would. The CLI
+/// makes a runtime of its own, so it runs off this one.
+async fn kubectl_tessera(args: &[&str], kubeconfig: &std::path::Path) -> Vec<u8> {
+    let mut argv: Vec<std::ffi::OsString> = vec!["kubectl-tessera".into()];
+    argv.extend(args.iter().map(Into::into));
+    argv.push("--kubeconfig".into());
+    argv.push(kubeconfig.as_os_str().to_owned());
+    tokio::task::spawn_blocking(move || {
+        let mut out = Vec::new();
+        tessera_cli::run(argv, &mut out).map(|()| out)
+    })
+    .await
+    .unwrap()
+    .unwrap()
+}

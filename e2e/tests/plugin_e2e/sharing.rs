@@ -299,30 +299,7 @@ async fn a_full_gpu_keeps_the_next_pod_pending_until_another_is_deleted() {
 
 /// `kubectl tessera why POD -n workloads -o json` with the admin kubeconfig.
 async fn tessera_why(cp: &tessera_e2e::ControlPlane, pod: &str) -> serde_json::Value {
-    let kubeconfig = cp.kubeconfig_path().to_path_buf();
-    let pod = pod.to_string();
-    // The CLI makes a runtime of its own, so it runs off this one.
-    let out = tokio::task::spawn_blocking(move || {
-        let mut out = Vec::new();
-        let mut argv: Vec<std::ffi::OsString> = [
-            "kubectl-tessera",
-            "why",
-            &pod,
-            "-n",
-            NS,
-            "-o",
-            "json",
-            "--kubeconfig",
-        ]
-        .iter()
-        .map(Into::into)
-        .collect();
-        argv.push(kubeconfig.into_os_string());
-        tessera_cli::run(argv, &mut out).map(|()| out)
-    })
-    .await
-    .unwrap()
-    .unwrap();
+    let out = kubectl_tessera(&["why", pod, "-n", NS, "-o", "json"], cp.kubeconfig_path()).await;
     serde_json::from_slice(&out).unwrap()
 }
 
@@ -541,11 +518,8 @@ async fn the_demo_workloads_run_as_shipped_on_the_demo_nodes() {
 
     // `kubectl tessera simulate --from-cluster` replays what runs: the demo's four pods
     // (a 1g and a 3g partition, an MPS share, a whole GPU) on its three GPU nodes.
-    let kubeconfig = cp.kubeconfig_path().to_path_buf();
-    let out = tokio::task::spawn_blocking(move || {
-        let mut out = Vec::new();
-        let mut argv: Vec<std::ffi::OsString> = [
-            "kubectl-tessera",
+    let out = kubectl_tessera(
+        &[
             "simulate",
             "--from-cluster",
             "--seeds",
@@ -553,17 +527,10 @@ async fn the_demo_workloads_run_as_shipped_on_the_demo_nodes() {
             "-q",
             "-o",
             "json",
-            "--kubeconfig",
-        ]
-        .iter()
-        .map(Into::into)
-        .collect();
-        argv.push(kubeconfig.into_os_string());
-        tessera_cli::run(argv, &mut out).map(|()| out)
-    })
-    .await
-    .unwrap()
-    .unwrap();
+        ],
+        cp.kubeconfig_path(),
+    )
+    .await;
     let report: serde_json::Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(report["clusterNodes"], 3, "{report:#}");
     // The plugins' own pods on the GPU nodes come in as CPU-only pods, as they would.
@@ -627,16 +594,6 @@ async fn tessera_status_read_only(cp: &tessera_e2e::ControlPlane) -> serde_json:
     cluster::service_account_kubeconfig(cp, "default", "gpu-viewer", &kubeconfig)
         .await
         .unwrap();
-    // The CLI makes a runtime of its own, so it runs off this one.
-    let out = tokio::task::spawn_blocking(move || {
-        let mut out = Vec::new();
-        let args = ["kubectl-tessera", "status", "-o", "json", "--kubeconfig"];
-        let mut argv: Vec<std::ffi::OsString> = args.iter().map(Into::into).collect();
-        argv.push(kubeconfig.into_os_string());
-        tessera_cli::run(argv, &mut out).map(|()| out)
-    })
-    .await
-    .unwrap()
-    .unwrap();
+    let out = kubectl_tessera(&["status", "-o", "json"], &kubeconfig).await;
     serde_json::from_slice(&out).unwrap()
 }
