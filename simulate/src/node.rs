@@ -69,8 +69,12 @@ pub struct SimNode {
     pub memory_mib: u64,
     /// Requested CPU of the pods on it.
     pub cpu_used: u64,
-    /// Requested memory of the pods on it.
+    /// Requested memory of the pods on it, MiB.
     pub memory_used: u64,
+    /// CPU of the pods on it as NodeResourcesFit's scorer counts it (`NonZeroRequested`).
+    pub cpu_scored: u64,
+    /// Memory of the pods on it as NodeResourcesFit's scorer counts it, bytes.
+    pub memory_scored_bytes: u64,
     gpus: Vec<GpuInfo>,
     layout: Option<&'static MigLayout>,
     spec: GpuNodeSpec,
@@ -119,6 +123,8 @@ impl SimNode {
             memory_mib: spec.memory_mib,
             cpu_used: 0,
             memory_used: 0,
+            cpu_scored: 0,
+            memory_scored_bytes: 0,
             occupancy: vec![Occupancy::new(); gpus.len()],
             gpus,
             layout: model.mig.as_ref(),
@@ -147,6 +153,11 @@ impl SimNode {
             memory_mib: spec.memory_mib,
             ..self.clone()
         }
+    }
+
+    /// The `GpuNode.spec` the node's GPUs run (what the operator would write for it).
+    pub fn gpu_node_spec(&self) -> &GpuNodeSpec {
+        &self.spec
     }
 
     /// Number of GPUs.
@@ -380,6 +391,9 @@ impl SimNode {
         }
         self.cpu_used += cpu;
         self.memory_used += memory;
+        let (scored_cpu, scored_memory) = crate::scheduler::non_zero_requests(cpu, memory);
+        self.cpu_scored += scored_cpu;
+        self.memory_scored_bytes += scored_memory;
         for h in &held {
             if let Some(n) = self.holds.get_mut(h.gpu as usize) {
                 *n += 1;
@@ -408,6 +422,9 @@ impl SimNode {
         if let Some((cpu, memory)) = self.requests.remove(&pod) {
             self.cpu_used -= cpu;
             self.memory_used -= memory;
+            let (scored_cpu, scored_memory) = crate::scheduler::non_zero_requests(cpu, memory);
+            self.cpu_scored -= scored_cpu;
+            self.memory_scored_bytes -= scored_memory;
         }
         let mut freed = None;
         for h in &held {

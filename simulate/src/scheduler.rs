@@ -8,13 +8,16 @@
 //! - **Score** with the default profile's plugins that tell these pods' nodes apart:
 //!   NodeResourcesFit `LeastAllocated` over CPU and memory (weight 1 each,
 //!   `noderesources/least_allocated.go`; `MostAllocated`, `most_allocated.go`, when the
-//!   run asks for that scheduler configuration) and NodeResourcesBalancedAllocation
-//!   (`noderesources/balanced_allocation.go`), plugin weight 1 each. DynamicResources'
-//!   Score only ranks which `firstAvailable` subrequest a node would use
-//!   (`dynamicresources.go` `computeScore`); these claims have none, so it scores every
-//!   node 0. TaintToleration, NodeAffinity, PodTopologySpread, InterPodAffinity,
-//!   ImageLocality and VolumeBinding give every node the same score for bare pods
-//!   without affinities, images or volumes.
+//!   run asks for that scheduler configuration), which reads the node's
+//!   `NonZeroRequested` (a container without a request counts as
+//!   `schedutil.DefaultMilliCPURequest` and `DefaultMemoryRequest`), and
+//!   NodeResourcesBalancedAllocation (`noderesources/balanced_allocation.go`), which reads
+//!   the plain requests and scores the change in balance the pod makes, plugin weight 1
+//!   each. DynamicResources' Score only ranks which `firstAvailable` subrequest a node
+//!   would use (`dynamicresources.go` `computeScore`); these claims have none, so it
+//!   scores every node 0. TaintToleration, NodeAffinity, PodTopologySpread,
+//!   InterPodAffinity, ImageLocality and VolumeBinding give every node the same score for
+//!   bare pods without affinities, images or volumes.
 //! - **Select** the highest total; ties are broken uniformly at random by reservoir
 //!   sampling (`selectHost`), here from a seeded generator so runs repeat.
 
@@ -31,10 +34,29 @@ const MIN_FEASIBLE_NODES: usize = 100;
 const MIN_FEASIBLE_PERCENT: usize = 5;
 /// `framework.MaxNodeScore`.
 const MAX_NODE_SCORE: i64 = 100;
-/// Requests the scorer assumes for a pod that asks none (`schedutil.DefaultMilliCPURequest`,
-/// `DefaultMemoryRequest` = 200 MB).
+/// Requests NodeResourcesFit's scorer counts for a container that asks none
+/// (`schedutil.DefaultMilliCPURequest`, `DefaultMemoryRequest`: "200 MB", which
+/// `pkg/scheduler/util/pod_resources.go` defines as 200 × 1024 × 1024 bytes).
 const DEFAULT_CPU_MILLI: u64 = 100;
-const DEFAULT_MEMORY_MIB: u64 = 200 * 1000 * 1000 / (1 << 20);
+const DEFAULT_MEMORY_BYTES: u64 = 200 * 1024 * 1024;
+const MIB: u64 = 1 << 20;
+
+/// What NodeResourcesFit's scorer counts of a one-container pod requesting `cpu_milli`
+/// and `memory_mib` (`NonMissingContainerRequests`): (millicores, bytes).
+pub fn non_zero_requests(cpu_milli: u64, memory_mib: u64) -> (u64, u64) {
+    (
+        if cpu_milli == 0 {
+            DEFAULT_CPU_MILLI
+        } else {
+            cpu_milli
+        },
+        if memory_mib == 0 {
+            DEFAULT_MEMORY_BYTES
+        } else {
+            memory_mib * MIB
+        },
+    )
+}
 
 /// The pod being scheduled, as the scheduler sees it.
 #[derive(Clone, Debug)]
@@ -97,16 +119,8 @@ impl Scheduler {
         for k in 0..n {
             processed = k + 1;
             let i = (self.next_start + k) % n;
-            let node = &nodes[i];
-            if !node.fits(pod.cpu_milli, pod.memory_mib) {
+            let Some(devices) = filter(&nodes[i], pod) else {
                 continue;
-            }
-            let devices = match pod.claim {
-                Some(r) => match node.try_allocate(r) {
-                    Some(d) => d,
-                    None => continue,
-                },
-                None => Vec::new(),
             };
             feasible.push(Decision { node: i, devices });
             if feasible.len() >= want {
@@ -145,25 +159,68 @@ impl Scheduler {
     }
 }
 
+/// The Filter stage on one node: the devices the allocator gives `pod` there, or `None`
+/// when the node does not fit it.
+fn filter(node: &SimNode, pod: &PodRequest<'_>) -> Option<Vec<Chosen>> {
+    if !node.fits(pod.cpu_milli, pod.memory_mib) {
+        return None;
+    }
+    match pod.claim {
+        Some(r) => node.try_allocate(r),
+        None => Some(Vec::new()),
+    }
+}
+
+/// One node that fits a pod, as Filter and Score see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ranked {
+    /// Where the pod would go and which devices it would get there.
+    pub decision: Decision,
+    /// The node's total score.
+    pub score: i64,
+}
+
+/// Every node that fits `pod`, with its score, in node order: what [`Scheduler::schedule`]
+/// chooses among before its tie-break, for clusters below `minFeasibleNodesToFind` (where
+/// every node is filtered). The end-to-end check against the real scheduler compares each
+/// real choice with this set, since a tie is broken at random there.
+pub fn rank(nodes: &[SimNode], pod: &PodRequest<'_>, scoring: Scoring) -> Vec<Ranked> {
+    nodes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, node)| {
+            filter(node, pod).map(|devices| Ranked {
+                score: score(node, pod, scoring),
+                decision: Decision { node: i, devices },
+            })
+        })
+        .collect()
+}
+
 /// The node's total score for the pod.
 pub fn score(node: &SimNode, pod: &PodRequest<'_>, scoring: Scoring) -> i64 {
-    let cpu_req = if pod.cpu_milli == 0 {
-        DEFAULT_CPU_MILLI
-    } else {
-        pod.cpu_milli
-    };
-    let mem_req = if pod.memory_mib == 0 {
-        DEFAULT_MEMORY_MIB
-    } else {
-        pod.memory_mib
-    };
-    let cpu = (node.cpu_used + cpu_req, node.cpu_milli);
-    let mem = (node.memory_used + mem_req, node.memory_mib);
+    // Memory in bytes throughout, as the scheduler counts it: the defaults are not whole
+    // MiB, and the integer divisions below must truncate where the scheduler's do.
+    let cpu_alloc = node.cpu_milli;
+    let mem_alloc = node.memory_mib * MIB;
+    let (pod_cpu, pod_mem) = non_zero_requests(pod.cpu_milli, pod.memory_mib);
+    let fit_inputs = [
+        (node.cpu_scored + pod_cpu, cpu_alloc),
+        (node.memory_scored_bytes + pod_mem, mem_alloc),
+    ];
     let fit = match scoring {
-        Scoring::LeastAllocated => least_allocated(&[cpu, mem]),
-        Scoring::MostAllocated => most_allocated(&[cpu, mem]),
+        Scoring::LeastAllocated => least_allocated(&fit_inputs),
+        Scoring::MostAllocated => most_allocated(&fit_inputs),
     };
-    fit + balanced_allocation(&[cpu, mem])
+    let without = [
+        (node.cpu_used, cpu_alloc),
+        (node.memory_used * MIB, mem_alloc),
+    ];
+    let with = [
+        (node.cpu_used + pod.cpu_milli, cpu_alloc),
+        ((node.memory_used + pod.memory_mib) * MIB, mem_alloc),
+    ];
+    fit + balanced_allocation(&with, &without)
 }
 
 /// `mostResourceScorer`: per resource `requested × 100 / capacity` (requests above
@@ -202,25 +259,28 @@ fn least_allocated(resources: &[(u64, u64)]) -> i64 {
     total / i64::try_from(resources.len().max(1)).unwrap_or(1)
 }
 
-/// `balancedResourceScorer`: `(1 − standard deviation of requested/capacity) × 100`; with
-/// two resources the deviation is half their difference.
-fn balanced_allocation(resources: &[(u64, u64)]) -> i64 {
+/// `balancedResourceScorer`: the balance after the pod, against the balance before it,
+/// brought back to 50–100 (`50 + (50 + with − without) / 2`, Go's truncating division).
+fn balanced_allocation(with: &[(u64, u64)], without: &[(u64, u64)]) -> i64 {
+    MAX_NODE_SCORE / 2 + (MAX_NODE_SCORE / 2 + balance(with) - balance(without)) / 2
+}
+
+/// `balancedResourceScore`: `(1 − standard deviation of requested/capacity) × 100`; with
+/// two resources the deviation is half their difference. A resource without capacity is
+/// left out.
+fn balance(resources: &[(u64, u64)]) -> i64 {
     let fractions: Vec<f64> = resources
         .iter()
-        .map(|&(r, c)| {
-            if c == 0 {
-                1.0
-            } else {
-                (r as f64 / c as f64).min(1.0)
-            }
-        })
+        .filter(|(_, c)| *c > 0)
+        .map(|&(r, c)| (r as f64 / c as f64).min(1.0))
         .collect();
     let std = match fractions.as_slice() {
-        [a, b] => (a - b).abs() / 2.0,
-        f => {
-            let mean = f.iter().sum::<f64>() / f.len().max(1) as f64;
-            (f.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / f.len().max(1) as f64).sqrt()
+        [a, b] => ((a - b) / 2.0).abs(),
+        f if f.len() > 2 => {
+            let mean = f.iter().sum::<f64>() / f.len() as f64;
+            (f.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / f.len() as f64).sqrt()
         }
+        _ => 0.0,
     };
     ((1.0 - std) * MAX_NODE_SCORE as f64) as i64
 }
@@ -257,8 +317,42 @@ mod tests {
     }
 
     #[test]
-    fn balanced_allocation_prefers_even_use() {
-        assert_eq!(balanced_allocation(&[(5, 10), (5, 10)]), 100);
-        assert_eq!(balanced_allocation(&[(10, 10), (0, 10)]), 50);
+    fn balance_is_one_minus_the_deviation() {
+        assert_eq!(balance(&[(5, 10), (5, 10)]), 100);
+        assert_eq!(balance(&[(10, 10), (0, 10)]), 50);
+        assert_eq!(balance(&[(3, 10), (0, 0)]), 100);
+    }
+
+    #[test]
+    fn balanced_allocation_scores_the_change_a_pod_makes() {
+        // No change: 75. From even to lopsided: towards 50; the reverse: towards 100.
+        assert_eq!(
+            balanced_allocation(&[(5, 10), (5, 10)], &[(5, 10), (5, 10)]),
+            75
+        );
+        assert_eq!(
+            balanced_allocation(&[(10, 10), (0, 10)], &[(0, 10), (0, 10)]),
+            50
+        );
+        assert_eq!(
+            balanced_allocation(&[(5, 10), (5, 10)], &[(10, 10), (0, 10)]),
+            100
+        );
+        // A small pod on an empty node of 1 CPU and 3840 MiB (5m, 64 MiB): the balance
+        // after is 99, so 50 + (50 + 99 − 100) / 2 = 74, as the real scheduler logs.
+        let mib = 1u64 << 20;
+        assert_eq!(
+            balanced_allocation(
+                &[(5, 1000), (64 * mib, 3840 * mib)],
+                &[(0, 1000), (0, 3840 * mib)]
+            ),
+            74
+        );
+    }
+
+    #[test]
+    fn a_pod_without_requests_counts_the_defaults_for_fit_only() {
+        assert_eq!(non_zero_requests(0, 0), (100, 200 << 20));
+        assert_eq!(non_zero_requests(5, 64), (5, 64 << 20));
     }
 }
