@@ -287,6 +287,8 @@ impl SimNode {
             .arg(pod_uid)
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
+            // Inert until a test writes the file (plugin/src/crash_points.rs).
+            .env(tessera_plugin::crash_points::ENV, self.crash_points_path())
             // Tests log the plugin's debug lines; the bench measures the production level.
             .env(
                 "RUST_LOG",
@@ -549,6 +551,11 @@ impl SimNode {
     /// The simulator's fault-injection file.
     pub fn faults_path(&self) -> PathBuf {
         self.driver().faults()
+    }
+
+    /// The plugin's crash-point control file (`tessera_plugin::crash_points`).
+    pub fn crash_points_path(&self) -> PathBuf {
+        self.root.join("crash-points.json")
     }
 
     /// The plugin's log.

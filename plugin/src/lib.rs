@@ -16,6 +16,7 @@ pub mod app;
 pub mod cdi;
 pub mod checkpoint;
 pub mod config;
+pub mod crash_points;
 pub mod devnodes;
 pub mod driver;
 pub mod fence;

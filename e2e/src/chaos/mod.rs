@@ -7,7 +7,9 @@
 //!
 //! Faults: the plugin killed (SIGKILL, at a random moment after a pod arrives, so often
 //! inside a prepare), the plugin aborted right after one hardware operation (the
-//! simulator's `abortAfter`: between the hardware step and the next checkpoint write),
+//! simulator's `abortAfter`: between the hardware step and the next checkpoint write) or
+//! at one of its own crash points (between two file writes with no hardware step between
+//! them: `tessera_plugin::crash_points`),
 //! the operator leader killed, the kubelet restarted, the node rebooted, a GPU reporting
 //! a fatal XID (then the node is rebooted, as an operator would, which clears it), the
 //! API server restarted, etcd down for a few seconds, and a power cut that tears one of
@@ -17,7 +19,10 @@
 pub mod invariants;
 pub mod report;
 
-use std::time::{Duration, Instant};
+use std::{
+    fmt,
+    time::{Duration, Instant},
+};
 
 use anyhow::Context;
 use k8s_openapi::api::{
@@ -104,10 +109,11 @@ impl Fault {
     }
 }
 
-/// The order faults come in: plugin crashes in seven of every fifteen steps (the issue's
-/// goal is ten of them for each other kind), every kind in every fifteen steps, so even a
-/// short run covers all.
-pub const SCHEDULE: [Fault; 15] = [
+/// The order faults come in: plugin crashes (kills and aborts) in ten of every eighteen
+/// steps, every other kind once in each eighteen, so a run of 1,800 steps makes the
+/// issue's thousand plugin crashes and a hundred of every other kind, and even a short
+/// run covers all.
+pub const SCHEDULE: [Fault; 18] = [
     Fault::PluginKill,
     Fault::PluginAbort,
     Fault::PluginKill,
@@ -119,9 +125,12 @@ pub const SCHEDULE: [Fault; 15] = [
     Fault::OperatorLeaderKill,
     Fault::PluginAbort,
     Fault::GpuXid,
+    Fault::PluginKill,
     Fault::ApiServerRestart,
     Fault::EtcdOutage,
+    Fault::PluginAbort,
     Fault::TornCheckpoint,
+    Fault::PluginKill,
     Fault::PluginUpgrade,
 ];
 
@@ -139,6 +148,35 @@ struct Shape {
     on_arrival: &'static [&'static str],
     on_departure: &'static [&'static str],
 }
+
+/// Where an armed abort fires.
+#[derive(Clone, Copy, Debug)]
+enum AbortPoint {
+    /// Right after a hardware operation (the simulated driver's `abortAfter`).
+    Hardware(&'static str),
+    /// At one of the plugin's crash points (`tessera_plugin::crash_points`).
+    Plugin(&'static str),
+}
+
+impl fmt::Display for AbortPoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AbortPoint::Hardware(op) => write!(f, "after {op}"),
+            AbortPoint::Plugin(p) => write!(f, "at {p}"),
+        }
+    }
+}
+
+/// The plugin's crash points a prepare passes, and those an unprepare passes.
+const PREPARE_POINTS: [&str; 3] = [
+    tessera_plugin::crash_points::CLAIM_RECORDED_STARTED,
+    tessera_plugin::crash_points::CDI_SPEC_WRITTEN,
+    tessera_plugin::crash_points::CLAIM_RECORDED_COMPLETED,
+];
+const UNPREPARE_POINTS: [&str; 2] = [
+    tessera_plugin::crash_points::CDI_SPEC_REMOVED,
+    tessera_plugin::crash_points::CLAIM_FORGOTTEN,
+];
 
 fn shapes() -> Vec<Shape> {
     vec![
@@ -544,41 +582,64 @@ impl Campaign<'_> {
                 .cloned()
                 .collect()
         };
-        // (shape, departing pod, operation)
-        let mut candidates: Vec<(usize, Option<String>, &'static str)> = Vec::new();
+        // (shape, departing pod, point)
+        let mut candidates: Vec<(usize, Option<String>, AbortPoint)> = Vec::new();
         for (i, shape) in all.iter().enumerate() {
             let mine = live_of(shape.name, &self.live);
             match shape.name {
                 "mig1g" | "mig3g" => {
                     for op in shape.on_arrival {
-                        candidates.push((i, None, op));
+                        candidates.push((i, None, AbortPoint::Hardware(op)));
                     }
                     if let Some(p) = mine.first() {
                         for op in shape.on_departure {
-                            candidates.push((i, Some(p.clone()), op));
+                            candidates.push((i, Some(p.clone()), AbortPoint::Hardware(op)));
                         }
                     }
                 }
                 "mps" if mine.is_empty() => {
-                    candidates.push((i, None, shape.on_arrival[0]));
+                    candidates.push((i, None, AbortPoint::Hardware(shape.on_arrival[0])));
                 }
                 "mps" if mine.len() == 1 => {
-                    candidates.push((i, mine.first().cloned(), shape.on_departure[0]));
+                    candidates.push((
+                        i,
+                        mine.first().cloned(),
+                        AbortPoint::Hardware(shape.on_departure[0]),
+                    ));
                 }
                 _ => {}
             }
+            // The plugin's own points, between two file writes with no hardware step
+            // between them: every prepare and unprepare passes them, whatever the shape
+            // (the A100's 4g waits for the planner, so it may never be prepared).
+            if shape.name != "a100-4g" {
+                for point in PREPARE_POINTS {
+                    candidates.push((i, None, AbortPoint::Plugin(point)));
+                }
+                if let Some(p) = mine.first() {
+                    for point in UNPREPARE_POINTS {
+                        candidates.push((i, Some(p.clone()), AbortPoint::Plugin(point)));
+                    }
+                }
+            }
         }
-        let (i, departing, op) = candidates
+        let (i, departing, point) = candidates
             .choose(&mut self.rng)
             .cloned()
             .context("no abort point")?;
         let shape = &all[i];
         let node = shape.node;
-        let faults = self.node_mut(node)?.faults_path();
-        std::fs::write(
-            &faults,
-            json!({"abortAfter": [{"operation": op}]}).to_string(),
-        )?;
+        let control = match point {
+            AbortPoint::Hardware(op) => (
+                self.node_mut(node)?.faults_path(),
+                json!({"abortAfter": [{"operation": op}]}),
+            ),
+            AbortPoint::Plugin(p) => (
+                self.node_mut(node)?.crash_points_path(),
+                json!({"abortAfter": [p]}),
+            ),
+        };
+        std::fs::write(&control.0, control.1.to_string())?;
         match departing {
             Some(pod) => {
                 self.live.retain(|p| p != &pod);
@@ -602,13 +663,18 @@ impl Campaign<'_> {
             }
         };
         if !died {
-            (self.progress)(&format!("abort after {op} on {node} not reached; disarmed"));
-            // Nothing reached the operation (the pod waits elsewhere, or its GPU was in
-            // the shape already): disarm, so it cannot fire during a later fault.
-            std::fs::write(&faults, "{}")?;
+            (self.progress)(&format!("abort {point} on {node} not reached; disarmed"));
+            // Nothing reached the point (the pod waits elsewhere, or its GPU was in the
+            // shape already): disarm, so it cannot fire during a later fault.
+            std::fs::write(&control.0, "{}")?;
             self.report.aborts_not_reached += 1;
             return Ok(());
         }
+        *self
+            .report
+            .abort_points
+            .entry(point.to_string())
+            .or_insert(0) += 1;
         let t0 = Instant::now();
         self.node_mut(node)?.restart().await?;
         self.serving(node).await?;

@@ -29,6 +29,10 @@ pub struct Report {
     pub steps: u64,
     /// Faults injected, by kind.
     pub faults: BTreeMap<String, u64>,
+    /// Aborts that fired, by point: `after <hardware operation>` (the simulated
+    /// driver's `abortAfter`) or `at <crash point>` (the plugin's own, between two file
+    /// writes).
+    pub abort_points: BTreeMap<String, u64>,
     /// Armed aborts that no operation reached before they were disarmed.
     pub aborts_not_reached: u64,
     /// Invariant checks run.
@@ -97,6 +101,14 @@ impl fmt::Display for Report {
                 .unwrap_or(&[]);
             let show = |p| percentile(r, p).map_or("-".to_string(), |v| format!("{v:.2} s"));
             writeln!(f, "{kind:<20} {n:>7} {:>12} {:>12}", show(50.0), show(99.0))?;
+        }
+        if !self.abort_points.is_empty() {
+            let points: Vec<String> = self
+                .abort_points
+                .iter()
+                .map(|(p, n)| format!("{p} {n}"))
+                .collect();
+            writeln!(f, "plugin aborts by point: {}", points.join(", "))?;
         }
         if self.aborts_not_reached > 0 {
             writeln!(

@@ -78,6 +78,120 @@ async fn a_plugin_killed_between_the_checkpoint_phases_recovers_and_nothing_leak
     assert!(sim(&node).gpus[0].instances.is_empty());
 }
 
+/// The plugin aborted at each of its own crash points, between two file writes (the
+/// checkpoint record, the CDI spec) with no hardware step between them: after the
+/// restart the pod runs (or is gone), and nothing is left behind: no record, no spec, no
+/// instance.
+#[tokio::test]
+async fn a_plugin_aborted_between_two_file_writes_recovers_and_nothing_leaks() {
+    use tessera_plugin::crash_points;
+    let (cp, client) = setup().await;
+    let mut node = SimNode::start(
+        &cp,
+        "crash-points",
+        "gpus: [{model: h100-80gb}, {model: h100-80gb}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    operator_sets_gpus(
+        &client,
+        "crash-points",
+        json!([{"index": 0, "strategy": "Exclusive"}, {"index": 1, "strategy": "MIG", "mig": {"mode": "Dynamic"}}]),
+    )
+    .await;
+    let files_left = |node: &SimNode| -> Vec<String> {
+        let list = |dir: std::path::PathBuf| -> Vec<String> {
+            std::fs::read_dir(dir)
+                .map(|d| {
+                    d.filter_map(Result::ok)
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .filter(|n| n.contains("claim") || n.ends_with(".json"))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let mut left = list(node.state_dir().join("claims"));
+        left.extend(list(node.cdi_dir()));
+        left
+    };
+    for (k, point) in crash_points::ALL.iter().enumerate() {
+        // Whole GPUs (no hardware step at all) and MIG devices (whose instance must
+        // survive a crash after it is recorded) take turns.
+        let (class, selector) = if k % 2 == 0 {
+            ("gpu.tessera.dev", None)
+        } else {
+            ("mig.tessera.dev", Some(profile("1g.10gb")))
+        };
+        let name = format!("at-{k}");
+        let preparing =
+            point.starts_with("claim-recorded") || *point == crash_points::CDI_SPEC_WRITTEN;
+        if !preparing {
+            create_pod(&client, &name, class, selector.as_deref(), None).await;
+            wait_running(&client, &name).await;
+        }
+        std::fs::write(
+            node.crash_points_path(),
+            json!({"abortAfter": [point]}).to_string(),
+        )
+        .unwrap();
+        if preparing {
+            create_pod(&client, &name, class, selector.as_deref(), None).await;
+        } else {
+            let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+            pods.delete(&name, &DeleteParams::default()).await.unwrap();
+        }
+        eventually(&format!("the plugin to abort at {point}"), WAIT, || {
+            let running = node.plugin_running();
+            async move { (!running).then_some(()) }
+        })
+        .await
+        .unwrap();
+        node.restart().await.unwrap();
+        if preparing {
+            let pod = wait_running(&client, &name).await;
+            let state = sim(&node);
+            let instances: usize = state.gpus.iter().map(|g| g.instances.len()).sum();
+            assert_eq!(
+                instances,
+                usize::from(k % 2 == 1),
+                "{point}: one instance for the MIG claim, none otherwise: {:?}",
+                state.gpus
+            );
+            let claim = claim_of(&client, &pod).await;
+            assert!(
+                node.cdi_dir()
+                    .join(format!(
+                        "k8s.gpu.tessera.dev-claim_{}.json",
+                        claim.uid().unwrap()
+                    ))
+                    .exists(),
+                "{point}: the pod's CDI spec"
+            );
+            delete_pod(&client, &name).await;
+        } else {
+            let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+            eventually(
+                &format!("pod {name} to be gone after {point}"),
+                WAIT,
+                || async { pods.get_opt(&name).await.ok()?.is_none().then_some(()) },
+            )
+            .await
+            .unwrap();
+        }
+        let state = sim(&node);
+        assert!(
+            state.gpus.iter().all(|g| g.instances.is_empty()),
+            "{point}: an instance outlived its claim: {:?}",
+            state.gpus
+        );
+        assert!(
+            files_left(&node).is_empty(),
+            "{point}: files outlived the claim: {:?}",
+            files_left(&node)
+        );
+    }
+}
+
 #[tokio::test]
 async fn after_a_node_reboot_stale_records_are_forgotten_and_claims_are_prepared_afresh() {
     let (cp, client) = setup().await;

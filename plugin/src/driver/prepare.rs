@@ -12,7 +12,7 @@ use super::{ClaimError, Driver};
 use crate::{
     cdi::{self, CdiDevice, ContainerEdits, DeviceNode, Mount},
     checkpoint::{ClaimPhase, ClaimRecord, DeviceKind, DeviceRecord, MigIdentity},
-    devnodes,
+    crash_points, devnodes,
     kubelet::{ClaimRef, PreparedDevice},
 };
 
@@ -96,6 +96,7 @@ impl Driver {
             d.cdi_device_ids = vec![self.cdi.qualified_id(&c.uid, &d.device)];
         }
         self.cdi.write(&c.uid, &cdi_devices)?;
+        crash_points::reached(crash_points::CDI_SPEC_WRITTEN);
 
         // Phase 2: done.
         record.devices = devices;
@@ -146,6 +147,7 @@ impl Driver {
     pub(super) async fn save_record(&self, record: &ClaimRecord) -> Result<(), ClaimError> {
         let on_disk = record.clone();
         self.store_io(move |s| s.save_claim(&on_disk)).await?;
+        crash_points::reached(crash_points::claim_recorded(record.phase));
         self.claims
             .lock()
             .await

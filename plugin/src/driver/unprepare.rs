@@ -8,6 +8,7 @@ use tracing::{info, warn};
 use super::{ClaimError, Driver};
 use crate::{
     checkpoint::{ClaimRecord, DeviceKind},
+    crash_points,
     kubelet::ClaimRef,
 };
 
@@ -99,8 +100,10 @@ impl Driver {
             warn!(claim = %rec.uid, error = %crate::error_chain(&e), "could not remove the CDI spec");
             return Err(e.into());
         }
+        crash_points::reached(crash_points::CDI_SPEC_REMOVED);
         let uid = rec.uid.clone();
         self.store_io(move |s| s.remove_claim(&uid)).await?;
+        crash_points::reached(crash_points::CLAIM_FORGOTTEN);
         self.claims.lock().await.claims.remove(&rec.uid);
         Ok(())
     }
