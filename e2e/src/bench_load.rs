@@ -285,7 +285,11 @@ async fn settle(
             .iter()
             .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
             .count();
-        let waiting = list.items.iter().filter(|p| unschedulable(p)).count();
+        let waiting = list
+            .items
+            .iter()
+            .filter(|p| cluster::unschedulable(p))
+            .count();
         let mut seen = last.lock().unwrap_or_else(|p| p.into_inner());
         if *seen != (running, waiting) {
             progress(&format!(
@@ -297,20 +301,6 @@ async fn settle(
     })
     .await;
     settled.with_context(|| format!("control plane log:\n{}", cp.logs_tail(20)))
-}
-
-/// Whether the scheduler said it found no node for the pod.
-fn unschedulable(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| {
-            cs.iter().any(|c| {
-                c.type_ == "PodScheduled"
-                    && c.status == "False"
-                    && c.reason.as_deref() == Some("Unschedulable")
-            })
-        })
 }
 
 /// The API server's write requests so far, by `resource[/subresource]`.

@@ -183,6 +183,21 @@ pub async fn create_claim_pod(
     Ok(())
 }
 
+/// Whether the scheduler said it found no node for the pod (`PodScheduled=False`,
+/// reason `Unschedulable`: object state, not the message's text).
+pub fn unschedulable(p: &k8s_openapi::api::core::v1::Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable")
+            })
+        })
+}
+
 /// Creates a namespace (idempotent).
 pub async fn create_namespace(client: &Client, name: &str) -> Result<()> {
     let api: Api<Namespace> = Api::all(client.clone());

@@ -352,7 +352,7 @@ async fn arrive(
     let pod = cluster::wait_for(
         &pods,
         &a.name,
-        |p: Option<&Pod>| p.is_some_and(|p| bound(p).is_some() || unschedulable(p)),
+        |p: Option<&Pod>| p.is_some_and(|p| bound(p).is_some() || cluster::unschedulable(p)),
         &format!("the scheduler's answer for {a}"),
         WAIT,
     )
@@ -463,37 +463,36 @@ async fn create(client: &Client, a: &Arrival) {
 /// Deletes pod and claim `name` and waits until both are gone (the kubelet has
 /// unprepared the claim and the scheduler's view no longer holds its devices).
 async fn remove(client: &Client, name: &str, why: &str) {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
-    if let Some(p) = pods.get_opt(name).await.unwrap() {
-        pods.delete(name, &DeleteParams::default()).await.unwrap();
-        gone(
-            &pods,
-            name,
-            &p.uid().unwrap(),
-            &format!("{why} pod {name} to be gone"),
-        )
-        .await;
-    }
-    let c = claims.get(name).await.unwrap();
-    claims.delete(name, &DeleteParams::default()).await.unwrap();
-    gone(
-        &claims,
+    delete_and_wait(&Api::<Pod>::namespaced(client.clone(), NS), name, why).await;
+    delete_and_wait(
+        &Api::<ResourceClaim>::namespaced(client.clone(), NS),
         name,
-        &c.uid().unwrap(),
-        &format!("{why} claim {name} to be gone"),
+        why,
     )
     .await;
 }
 
-/// Waits until the object `name` with `uid` no longer exists.
-async fn gone<K>(api: &Api<K>, name: &str, uid: &str, what: &str)
+/// Deletes object `name`, if it exists, and waits until it no longer does.
+async fn delete_and_wait<K>(api: &Api<K>, name: &str, why: &str)
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
 {
+    let Some(object) = api.get_opt(name).await.unwrap() else {
+        return;
+    };
+    let what = format!(
+        "{why} {} {name} to be gone",
+        K::kind(&K::DynamicType::default())
+    );
+    api.delete(name, &DeleteParams::default()).await.unwrap();
     tokio::time::timeout(
         WAIT,
-        await_condition(api.clone(), name, conditions::is_deleted(uid)),
+        await_condition(
+            api.clone(),
+            name,
+            conditions::is_deleted(&object.uid().unwrap()),
+        ),
     )
     .await
     .unwrap_or_else(|_| panic!("timed out after {WAIT:?} waiting for {what}"))
@@ -502,19 +501,6 @@ where
 
 fn bound(p: &Pod) -> Option<String> {
     p.spec.as_ref().and_then(|s| s.node_name.clone())
-}
-
-fn unschedulable(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| {
-            cs.iter().any(|c| {
-                c.type_ == "PodScheduled"
-                    && c.status == "False"
-                    && c.reason.as_deref() == Some("Unschedulable")
-            })
-        })
 }
 
 /// The claim's devices with the capacity each consumes (unqualified names, base units).
