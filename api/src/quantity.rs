@@ -44,6 +44,30 @@ pub fn parse_mib(q: &str) -> Option<u64> {
     parse_bytes(q).and_then(|b| u64::try_from(b.div_ceil(KI.pow(2))).ok())
 }
 
+/// Parses a CPU quantity (`2`, `1500m`, `0.5`) into millicores, rounding up as the API
+/// server does. `None` for anything malformed or negative.
+pub fn parse_cpu_milli(q: &str) -> Option<u64> {
+    let q = q.trim();
+    if let Some(m) = q.strip_suffix('m') {
+        return m.parse().ok();
+    }
+    let (int, frac) = q.split_once('.').unwrap_or((q, ""));
+    if (int.is_empty() && frac.is_empty())
+        || !int.chars().chain(frac.chars()).all(|c| c.is_ascii_digit())
+    {
+        return None;
+    }
+    let int: u64 = if int.is_empty() { 0 } else { int.parse().ok()? };
+    let mut milli = int.checked_mul(1000)?;
+    if !frac.is_empty() {
+        let digits = u32::try_from(frac.len()).ok()?;
+        let f: u128 = frac.parse().ok()?;
+        let scale = 10u128.checked_pow(digits)?;
+        milli = milli.checked_add(u64::try_from((f * 1000).div_ceil(scale)).ok()?)?;
+    }
+    Some(milli)
+}
+
 /// A MiB amount as a quantity string in the API server's canonical form (`8Gi`, not
 /// `8192Mi`), so what we publish reads back byte-for-byte and comparisons do not flap.
 pub fn mib(v: u64) -> String {
@@ -70,6 +94,18 @@ mod tests {
         assert_eq!(parse_mib("1G"), Some(954)); // 1e9 bytes = 953.67 MiB, rounded up
         assert_eq!(parse_mib("1073741824"), Some(1024));
         assert_eq!(parse_mib("1.5Gi"), Some(1536));
+    }
+
+    #[test]
+    fn cpu_quantities_parse_to_millicores() {
+        assert_eq!(parse_cpu_milli("2"), Some(2000));
+        assert_eq!(parse_cpu_milli("1500m"), Some(1500));
+        assert_eq!(parse_cpu_milli("0.5"), Some(500));
+        assert_eq!(parse_cpu_milli(".25"), Some(250));
+        assert_eq!(parse_cpu_milli("0.0001"), Some(1));
+        for bad in ["", "-1", "1.2.3", "two", "1e3", "m"] {
+            assert_eq!(parse_cpu_milli(bad), None, "{bad}");
+        }
     }
 
     #[test]

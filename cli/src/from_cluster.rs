@@ -20,7 +20,10 @@ use k8s_openapi::api::{
     core::v1::{Node, Pod},
     resource::v1::ResourceClaim,
 };
-use tessera_api::{GpuNode, quantity::parse_mib};
+use tessera_api::{
+    GpuNode,
+    quantity::{parse_cpu_milli, parse_mib},
+};
 use tessera_gpu::find_model;
 use tessera_operator::demand::{Asks, Shape, asks};
 use tessera_simulate::workload::{NodeSpec, PodSpec, WHOLE_GPU_MILLI, Workload};
@@ -238,32 +241,10 @@ pub fn convert(
     Ok(out)
 }
 
-/// The pod's containers' CPU (millicores) and memory (MiB) requests, summed.
+/// The pod's CPU (millicores) and memory (MiB) requests, as the scheduler counts them.
 fn requests(p: &Pod) -> (u64, u64) {
-    let mut cpu = 0;
-    let mut mem = 0;
-    for c in p.spec.iter().flat_map(|s| &s.containers) {
-        let r = c.resources.as_ref().and_then(|r| r.requests.as_ref());
-        cpu += r
-            .and_then(|r| r.get("cpu"))
-            .and_then(|q| parse_cpu_milli(&q.0))
-            .unwrap_or(0);
-        mem += r
-            .and_then(|r| r.get("memory"))
-            .and_then(|q| parse_mib(&q.0))
-            .unwrap_or(0);
-    }
-    (cpu, mem)
-}
-
-/// A CPU quantity (`2`, `1500m`, `0.5`) in millicores.
-fn parse_cpu_milli(q: &str) -> Option<u64> {
-    if let Some(m) = q.strip_suffix('m') {
-        return m.parse().ok();
-    }
-    let v: f64 = q.parse().ok()?;
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    (v.is_finite() && v >= 0.0).then(|| (v * 1000.0).round() as u64)
+    let r = tessera_operator::room::pod_requests(p);
+    (r.cpu_milli, r.memory_bytes.div_ceil(1024 * 1024))
 }
 
 #[cfg(test)]

@@ -1606,3 +1606,99 @@ async fn a_pod_asking_an_extended_resource_of_a_tessera_class_moves_an_idle_gpu_
             .collect();
     assert_eq!(devices, ["gpu-0-mps"]);
 }
+
+/// The planner moves the idle GPU of a node where the waiting pod can run, not the first
+/// one by name: node `fit-a`'s CPU is taken by a running pod, so its GPU stays MIG and
+/// `fit-b`'s becomes MPS.
+#[tokio::test]
+async fn an_idle_gpu_moves_on_a_node_where_the_waiting_pod_can_run() {
+    let (cp, client) = setup().await;
+    let inventory = "gpus: [{model: h100-80gb}]\nlatencies: zero\n";
+    let _a = SimNode::start(&cp, "fit-a", inventory).await.unwrap();
+    let _b = SimNode::start(&cp, "fit-b", inventory).await.unwrap();
+    let op = OperatorProcess::start(&cp, "op-0", false).await.unwrap();
+    apply_adaptive(&client, "adaptive: {strategies: [MIG, MPS]}").await;
+    let mig = [(0, SharingStrategy::Mig, Some("adaptive"))];
+    wait_spec(&client, "fit-a", &mig).await;
+    wait_spec(&client, "fit-b", &mig).await;
+
+    // All of fit-a's CPU but 500m goes to a pod that uses no GPU.
+    let node = Api::<Node>::all(client.clone()).get("fit-a").await.unwrap();
+    let cpu = node
+        .status
+        .and_then(|s| s.allocatable)
+        .and_then(|a| tessera_api::quantity::parse_cpu_milli(&a["cpu"].0))
+        .unwrap();
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
+    let hog = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "cpu-hog", "namespace": NS},
+        "spec": {
+            "nodeName": "fit-a",
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"requests": {"cpu": format!("{}m", cpu - 500)}}}]
+        }
+    });
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(hog).unwrap(),
+    )
+    .await
+    .unwrap();
+    cluster::wait_pod_running(&client, NS, "cpu-hog", WAIT)
+        .await
+        .unwrap();
+
+    // An MPS share for a pod asking one CPU: only fit-b can run it.
+    let template = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "share", "namespace": NS},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "mps.tessera.dev",
+            "capacity": {"requests": {"computePercent": "25", "memory": "4Gi"}}
+        }}]}}}
+    });
+    Api::<k8s_openapi::api::resource::v1::ResourceClaimTemplate>::namespaced(client.clone(), NS)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(template).unwrap(),
+        )
+        .await
+        .unwrap();
+    let share = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "share", "namespace": NS},
+        "spec": {
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"requests": {"cpu": "1"}, "claims": [{"name": "gpu"}]}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "share"}]
+        }
+    });
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(share).unwrap(),
+    )
+    .await
+    .unwrap();
+    cluster::wait_pod_running(&client, NS, "share", WAIT)
+        .await
+        .unwrap();
+    let on = pods.get("share").await.unwrap().spec.unwrap().node_name;
+    assert_eq!(on.as_deref(), Some("fit-b"));
+    assert_eq!(
+        spec_of(&client, "fit-a").await,
+        [(0, SharingStrategy::Mig, Some("adaptive".into()))]
+    );
+    assert_eq!(
+        spec_of(&client, "fit-b").await,
+        [(0, SharingStrategy::Mps, Some("adaptive".into()))]
+    );
+    let applied =
+        "tessera_operator_adaptive_changes_total{from=\"MIG\",to=\"MPS\",result=\"applied\"}";
+    eventually("the move to count as applied", WAIT, || async {
+        op.metric(applied).await.filter(|v| *v > 0.0)
+    })
+    .await
+    .unwrap();
+    assert_eq!(op.metric(applied).await, Some(1.0), "one move, on fit-b");
+}

@@ -717,10 +717,7 @@ async fn resident_pods(client: &Client, node: &str) -> Vec<(u64, u64)> {
 }
 
 fn milli(cpu: &str) -> u64 {
-    match cpu.strip_suffix('m') {
-        Some(m) => m.parse().unwrap(),
-        None => cpu.parse::<u64>().unwrap() * 1000,
-    }
+    quantity::parse_cpu_milli(cpu).unwrap()
 }
 
 fn mib_exact(bytes: u128) -> u64 {

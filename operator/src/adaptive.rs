@@ -2,16 +2,24 @@
 //! for the demand that waits.
 //!
 //! Rules, per Adaptive policy, for each strategy of `adaptive.strategies` that waiting
-//! claims ask for (see [`crate::demand`]):
-//! - if one of the policy's GPUs already offers that strategy and holds no claim, the
-//!   scheduler can place there: nothing changes (free capacity is the scheduler's);
-//! - else enough GPUs to hold the demand are moved to it, taken from GPUs that hold no
-//!   allocation, are healthy, have kept their shape for `adaptive.cooldown`, are not
-//!   in a strategy that has waiting demand of its own (no flipping back and forth), and
-//!   can take the strategy without a reset (or with one the policy allows);
+//! claims ask for (see [`crate::demand`]), the claims taken in name order:
+//! - a claim goes where its pods could run ([`crate::room`]: CPU, memory, node selector
+//!   and affinity, taints), counting what the claims placed before it take there;
+//! - the policy's idle GPUs that already have the strategy (or are on their way to it)
+//!   take the claims that fit them first: the scheduler can place those (free capacity
+//!   is the scheduler's);
+//! - then GPUs are moved to the strategy, one after the other, each for the claims that
+//!   fit it, taken from GPUs that hold no allocation, are healthy, have kept their shape
+//!   for `adaptive.cooldown`, are not in a strategy that has waiting demand of its own
+//!   (no flipping back and forth), and can take the strategy without a reset (or with
+//!   one the policy allows); a GPU for which no waiting claim fits is not moved;
 //! - at most one GPU per node and [`MAX_CHANGES`] in the cluster are on their way at
 //!   once (a move is on its way until it ends, see [`crate::transitions`]); the next pass
 //!   sees what the first did.
+//!
+//! A GPU holds its model's MIG compute slices, 100 % of MPS compute and `mps.maxClients`
+//! clients, `timeSlicing.maxClients` time-slices, or one whole-GPU claim. A claim larger
+//! than one GPU takes the whole of each GPU moved for it on the node of the first.
 //!
 //! The plugin's hand-over (see the plugin's `fence` module) is the last word: a claim
 //! allocated while the change is on its way keeps the GPU in its old shape.
@@ -29,6 +37,7 @@ use tessera_api::{
 use crate::{
     demand::{Demand, Shape},
     resolve::{self, Resolution, Snapshot},
+    room::{Ledger, Rooms},
 };
 
 /// `adaptive.cooldown` when the policy sets none.
@@ -54,13 +63,15 @@ pub struct Change {
 }
 
 /// The changes for `demand`. `resolution` is the pass's resolution without changes;
-/// `since_change` says how long ago this operator last changed each GPU (a GPU it never
-/// changed has no entry); `in_flight` are the GPUs whose move has not ended yet: their
-/// nodes take no other, and they count against the cluster's limit.
+/// `rooms` says where the waiting pods could run; `since_change` says how long ago this
+/// operator last changed each GPU (a GPU it never changed has no entry); `in_flight` are
+/// the GPUs whose move has not ended yet: their nodes take no other, and they count
+/// against the cluster's limit.
 pub fn plan(
     snapshot: &Snapshot,
     resolution: &Resolution,
     demand: &Demand,
+    rooms: &Rooms,
     since_change: &BTreeMap<(String, u32), Duration>,
     in_flight: &BTreeSet<(String, u32)>,
 ) -> Vec<Change> {
@@ -68,6 +79,9 @@ pub fn plan(
     let mut nodes_changing: BTreeSet<String> =
         in_flight.iter().map(|(node, _)| node.clone()).collect();
     let room = MAX_CHANGES.saturating_sub(in_flight.len());
+    // One ledger for the whole pass: a node's CPU goes to one claim only, whichever
+    // policy or strategy plans for it first.
+    let mut ledger = Ledger::new(rooms);
     for policy in &snapshot.policies {
         let Some(adaptive) = policy
             .spec
@@ -90,7 +104,21 @@ pub fn plan(
             .repartition
             .as_ref()
             .is_some_and(|r| r.allow_gpu_reset);
-        let wanted = wanted(demand, &adaptive.strategies);
+        let mps_clients = policy
+            .spec
+            .mps
+            .as_ref()
+            .and_then(|m| m.max_clients)
+            .and_then(|c| u32::try_from(c).ok())
+            .unwrap_or(DEFAULT_MPS_CLIENTS);
+        let time_slices = policy
+            .spec
+            .time_slicing
+            .as_ref()
+            .and_then(|t| t.max_clients)
+            .and_then(|c| u32::try_from(c).ok())
+            .unwrap_or(DEFAULT_TIME_SLICES);
+        let mut wanted = wanted(demand, &adaptive.strategies);
         // The policy's GPUs: (node, index, strategy now, idle).
         let gpus: Vec<(String, u32, SharingStrategy, bool)> = outcome
             .governed
@@ -110,34 +138,41 @@ pub fn plan(
                 Some((node.to_string(), index, strategy, idle))
             })
             .collect();
+        let asked: BTreeSet<SharingStrategy> = wanted.keys().copied().collect();
         for strategy in &adaptive.strategies {
-            let Some(need) = wanted.get(strategy) else {
+            let Some(claims) = wanted.get_mut(strategy) else {
                 continue;
             };
-            if gpus.iter().any(|(_, _, s, idle)| s == strategy && *idle) {
-                continue;
+            let holds = |node: &str, index: u32| {
+                let slices = gpu_state(snapshot, node, index)
+                    .and_then(|g| tessera_gpu::find_model(&g.product_name).ok())
+                    .and_then(|m| m.mig.as_ref().map(|l| u32::from(l.compute_slices)));
+                Capacity::of(*strategy, slices, mps_clients, time_slices)
+            };
+            for (node, index, _, _) in gpus.iter().filter(|(_, _, s, idle)| s == strategy && *idle)
+            {
+                fill(claims, node, holds(node, *index), &mut ledger);
             }
-            let mut count = gpus_for(
-                *strategy,
-                need,
-                policy.spec.mps.as_ref().and_then(|m| m.max_clients),
-            );
             // The cheapest moves first: a GPU that switches without a reset before one
             // that needs the reset the policy allows.
             let mut order: Vec<&(String, u32, SharingStrategy, bool)> = gpus.iter().collect();
             order.sort_by_key(|(node, index, _, _)| needs_reset(snapshot, node, *index, *strategy));
             for (node, index, from, idle) in order {
-                if count == 0 || changes.len() >= room {
+                if claims.iter().all(ClaimNeed::placed) || changes.len() >= room {
                     break;
                 }
                 let key = (node.clone(), *index);
                 let ok = *idle
                     && from != strategy
-                    && !wanted.contains_key(from)
+                    && !asked.contains(from)
                     && !nodes_changing.contains(node)
                     && since_change.get(&key).is_none_or(|d| *d >= cooldown)
                     && can_take(snapshot, node, *index, *strategy, allow_reset);
                 if !ok {
+                    continue;
+                }
+                let took = fill(claims, node, holds(node, *index), &mut ledger);
+                if took == 0 {
                     continue;
                 }
                 nodes_changing.insert(node.clone());
@@ -147,63 +182,152 @@ pub fn plan(
                     policy: policy.name.clone(),
                     from: *from,
                     to: *strategy,
-                    claims: need.claims,
+                    claims: took,
                 });
-                count -= 1;
             }
         }
     }
     changes
 }
 
-/// What waits for one strategy.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Need {
-    /// MIG compute slices, MPS compute percent, or devices (whole GPUs, time-slices).
+/// `mps.maxClients` when the policy sets none (the plugin's default).
+const DEFAULT_MPS_CLIENTS: u32 = 8;
+/// `timeSlicing.maxClients` when the policy sets none (the plugin's default).
+const DEFAULT_TIME_SLICES: u32 = 4;
+
+/// What one waiting claim needs of one strategy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct ClaimNeed<'d> {
+    pods: &'d BTreeSet<String>,
+    /// MIG compute slices, MPS compute percent, or devices (whole GPUs, time-slices),
+    /// still to be found.
     units: u32,
+    /// Devices it asks (MPS clients).
+    devices: u32,
+    /// The node a claim larger than one GPU started on: the rest must be there too.
+    node: Option<&'d str>,
+}
+
+impl ClaimNeed<'_> {
+    fn placed(&self) -> bool {
+        self.units == 0
+    }
+}
+
+/// What one GPU of a strategy holds.
+#[derive(Clone, Copy, Debug)]
+struct Capacity {
+    units: u32,
+    /// Devices (MPS clients, time-slices); unbounded elsewhere.
     claims: u32,
 }
 
-/// What the waiting claims ask of each of `strategies`, each request under its first
-/// alternative that one of them offers.
-fn wanted(demand: &Demand, strategies: &[SharingStrategy]) -> BTreeMap<SharingStrategy, Need> {
-    let mut out: BTreeMap<SharingStrategy, Need> = BTreeMap::new();
-    for (shape, (devices, claims)) in demand.by_shape(|s| strategies.contains(&s.strategy())) {
-        let need = out.entry(shape.strategy()).or_default();
-        need.claims += claims;
-        need.units += match &shape {
-            Shape::Mig { profile } => {
-                let slices = profile
-                    .as_deref()
-                    .and_then(|p| p.split('g').next()?.parse::<u32>().ok())
-                    .unwrap_or(1);
-                slices * devices
-            }
-            Shape::Mps {
-                compute_percent, ..
-            } => compute_percent.unwrap_or(1).max(1) * devices,
-            Shape::Whole | Shape::TimeSlice => devices,
+impl Capacity {
+    fn of(
+        strategy: SharingStrategy,
+        mig_slices: Option<u32>,
+        mps_clients: u32,
+        time_slices: u32,
+    ) -> Self {
+        let (units, claims) = match strategy {
+            SharingStrategy::Mig => (mig_slices.unwrap_or(7), u32::MAX),
+            SharingStrategy::Mps => (100, mps_clients),
+            SharingStrategy::TimeSlicing => (time_slices, time_slices),
+            SharingStrategy::Exclusive | SharingStrategy::Adaptive => (1, u32::MAX),
         };
+        Self {
+            units: units.max(1),
+            claims: claims.max(1),
+        }
     }
-    out
 }
 
-/// How many GPUs of `strategy` hold `need`.
-fn gpus_for(strategy: SharingStrategy, need: &Need, mps_clients: Option<i32>) -> usize {
-    let per_gpu = |units: u32| usize::try_from(need.units.div_ceil(units.max(1))).unwrap_or(1);
-    let by_claims =
-        |clients: u32| usize::try_from(need.claims.div_ceil(clients.max(1))).unwrap_or(1);
-    match strategy {
-        // Seven compute slices per GPU.
-        SharingStrategy::Mig => per_gpu(7),
-        SharingStrategy::Mps => {
-            let clients = mps_clients.and_then(|c| u32::try_from(c).ok()).unwrap_or(8);
-            per_gpu(100).max(by_claims(clients))
+/// Gives one GPU of `node` holding `capacity` to the claims that fit it, in order: a
+/// claim takes the GPU's room if its units fit what is left and its pods fit the node
+/// (taken in `ledger`); a claim larger than a GPU takes a whole one and keeps to that
+/// node. Returns how many claims it took.
+fn fill<'d>(
+    claims: &mut [ClaimNeed<'d>],
+    node: &'d str,
+    capacity: Capacity,
+    ledger: &mut Ledger<'_>,
+) -> u32 {
+    let mut units = capacity.units;
+    let mut slots = capacity.claims;
+    let mut took = 0;
+    for c in claims.iter_mut().filter(|c| !c.placed()) {
+        if units == 0 || slots == 0 {
+            break;
         }
-        SharingStrategy::TimeSlicing => by_claims(4),
-        SharingStrategy::Exclusive | SharingStrategy::Adaptive => per_gpu(1),
+        if c.node.is_some_and(|n| n != node)
+            || (c.node.is_none() && !ledger.fits(c.pods, node))
+            || c.devices > slots
+        {
+            continue;
+        }
+        let take = if c.units <= units {
+            c.units
+        } else if units == capacity.units {
+            units
+        } else {
+            continue;
+        };
+        if c.node.is_none() {
+            ledger.take(c.pods, node);
+            c.node = Some(node);
+        }
+        c.units -= take;
+        units -= take;
+        slots -= c.devices.min(slots);
+        took += 1;
     }
-    .max(1)
+    took
+}
+
+/// What the waiting claims ask of each of `strategies`, in the claims' name order, each
+/// request under its first alternative that one of them offers.
+fn wanted<'d>(
+    demand: &'d Demand,
+    strategies: &[SharingStrategy],
+) -> BTreeMap<SharingStrategy, Vec<ClaimNeed<'d>>> {
+    let mut out: BTreeMap<SharingStrategy, Vec<ClaimNeed<'d>>> = BTreeMap::new();
+    for c in demand.pending.values() {
+        let mut per: BTreeMap<SharingStrategy, (u32, u32)> = BTreeMap::new();
+        for r in &c.requests {
+            let Some((shape, devices)) = r
+                .alternatives
+                .iter()
+                .find(|(s, _)| strategies.contains(&s.strategy()))
+            else {
+                continue;
+            };
+            let units = match shape {
+                Shape::Mig { profile } => {
+                    profile
+                        .as_deref()
+                        .and_then(|p| p.split('g').next()?.parse::<u32>().ok())
+                        .unwrap_or(1)
+                        * devices
+                }
+                Shape::Mps {
+                    compute_percent, ..
+                } => compute_percent.unwrap_or(1).max(1) * devices,
+                Shape::Whole | Shape::TimeSlice => *devices,
+            };
+            let e = per.entry(shape.strategy()).or_default();
+            e.0 += units;
+            e.1 += devices;
+        }
+        for (strategy, (units, devices)) in per {
+            out.entry(strategy).or_default().push(ClaimNeed {
+                pods: &c.pods,
+                units,
+                devices,
+                node: None,
+            });
+        }
+    }
+    out
 }
 
 /// The GPU's state as its plugin reports it.

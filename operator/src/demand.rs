@@ -414,10 +414,14 @@ pub struct Demand {
 }
 
 impl Demand {
-    /// Leaves the claims the free devices of `supply` hold to the scheduler: what stays
-    /// in `pending` is unmet.
-    pub fn without_placeable(mut self, supply: &crate::usage::Supply) -> Self {
-        self.placeable = crate::free::placeable(&self, supply);
+    /// Leaves the claims the free devices of `supply` hold, where `rooms` says their
+    /// pods could run, to the scheduler: what stays in `pending` is unmet.
+    pub fn without_placeable(
+        mut self,
+        supply: &crate::usage::Supply,
+        rooms: &crate::room::Rooms,
+    ) -> Self {
+        self.placeable = crate::free::placeable(&self, supply, rooms);
         let placeable = &self.placeable;
         self.pending.retain(|k, _| !placeable.contains(k));
         self

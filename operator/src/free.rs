@@ -15,7 +15,8 @@
 //! place it; when it says none of a set fits together, the scheduler might have found an
 //! arrangement that does — and then the planner moves one GPU more than needed, which is
 //! the cheap side to err on (the other would leave pods waiting for nothing).
-//! It does not see why else a pod may wait (CPU, node affinity).
+//! A node counts only where the claim's pods could run ([`crate::room`]: CPU, memory,
+//! node selector and affinity, taints), with what the claims placed before took there.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -23,12 +24,15 @@ use tessera_api::constants::device_type;
 
 use crate::{
     demand::{Demand, Shape},
+    room::{self, Rooms},
     usage::{Published, SharedCapacity, Supply},
 };
 
-/// The claims of `demand.pending` that the free devices of `supply` hold.
-pub fn placeable(demand: &Demand, supply: &Supply) -> BTreeSet<String> {
+/// The claims of `demand.pending` that the free devices of `supply` hold, on nodes where
+/// their pods could run by `rooms`.
+pub fn placeable(demand: &Demand, supply: &Supply, rooms: &Rooms) -> BTreeSet<String> {
     let mut ledger = Ledger::new(supply);
+    let mut room = room::Ledger::new(rooms);
     let mut out = BTreeSet::new();
     for (key, claim) in &demand.pending {
         let requests: Vec<&[(Shape, u32)]> = claim
@@ -36,7 +40,8 @@ pub fn placeable(demand: &Demand, supply: &Supply) -> BTreeSet<String> {
             .iter()
             .map(|r| r.alternatives.as_slice())
             .collect();
-        if ledger.place_on_one_node(&requests) {
+        if let Some(node) = ledger.place_on_one_node(&requests, |n| room.fits(&claim.pods, n)) {
+            room.take(&claim.pods, node);
             out.insert(key.clone());
         }
     }
@@ -174,10 +179,18 @@ impl<'s> Ledger<'s> {
         Ledger { nodes }
     }
 
-    /// Places every request (its first alternative that fits) on one node, in node
-    /// order; on success the ledger keeps what they took.
-    fn place_on_one_node(&mut self, requests: &[&[(Shape, u32)]]) -> bool {
-        for n in self.nodes.values_mut() {
+    /// Places every request (its first alternative that fits) on one node that `node_fits`
+    /// accepts, in node order; on success the ledger keeps what they took, and the node
+    /// is returned.
+    fn place_on_one_node(
+        &mut self,
+        requests: &[&[(Shape, u32)]],
+        node_fits: impl Fn(&str) -> bool,
+    ) -> Option<&'s str> {
+        for (name, n) in &mut self.nodes {
+            if !node_fits(name) {
+                continue;
+            }
             let mut trial = n.clone();
             let all = requests.iter().all(|alts| {
                 alts.iter().any(|(shape, count)| {
@@ -191,10 +204,10 @@ impl<'s> Ledger<'s> {
             });
             if all {
                 *n = trial;
-                return true;
+                return Some(name);
             }
         }
-        false
+        None
     }
 }
 

@@ -6,6 +6,7 @@
 //!   functions of a [`resolve::Snapshot`]); [`static_plan`]: the placements of a static
 //!   MIG layout; [`policy_status`]: what each policy's status says; [`usage`]: what its
 //!   GPUs publish and what claims hold; [`events`]: which decisions become events.
+//! - [`room`]: whether a waiting pod could run on a node, devices aside.
 //! - [`runtime`]: the watch caches and the loop that writes what differs; [`app`]: the
 //!   wiring [`run`] starts; [`config`], [`metrics`].
 
@@ -19,6 +20,7 @@ pub mod free;
 pub mod metrics;
 pub mod policy_status;
 pub mod resolve;
+pub mod room;
 pub mod runtime;
 pub mod selector;
 pub mod static_plan;

@@ -27,7 +27,6 @@ use k8s_openapi::{
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{Patch, PatchParams},
-    core::PartialObjectMeta,
     runtime::{
         WatchStreamExt,
         reflector::{self, Store},
@@ -50,6 +49,7 @@ use crate::{
     metrics::Metrics,
     policy_status,
     resolve::{self, NodeView, PolicyView, Snapshot},
+    room::{Rooms, strip_bound_pod, strip_node},
     transitions::{self, Transition, Transitions},
     usage::{self, GpuSize, Supply},
 };
@@ -102,11 +102,15 @@ pub enum Error {
 pub struct Caches {
     policies: Store<GpuSharingPolicy>,
     gpunodes: Store<GpuNode>,
-    nodes: Store<PartialObjectMeta<Node>>,
+    /// Nodes, with what the fit check reads ([`crate::room`]).
+    nodes: Store<Node>,
     claims: Store<ResourceClaim>,
     slices: Store<ResourceSlice>,
     /// Pods no node is bound to: where unmet demand shows.
     pods: Store<Pod>,
+    /// Pods bound to a node that have not ended, with only what the fit check reads:
+    /// what the nodes have left.
+    bound: Store<Pod>,
     /// DeviceClasses: the extended resource names pods may ask Tessera's by.
     classes: Store<DeviceClass>,
 }
@@ -114,7 +118,12 @@ pub struct Caches {
 impl Caches {
     /// Starts the watches; `changed` is notified on every event.
     pub fn start(client: &Client, changed: Arc<Notify>) -> Self {
-        fn spawn<K>(api: Api<K>, config: watcher::Config, changed: Arc<Notify>) -> Store<K>
+        fn spawn<K>(
+            api: Api<K>,
+            config: watcher::Config,
+            strip: fn(&mut K),
+            changed: Arc<Notify>,
+        ) -> Store<K>
         where
             K: Resource
                 + Clone
@@ -130,7 +139,10 @@ impl Caches {
             // them: the caches hold the objects without.
             let stream = reflector::reflector(
                 writer,
-                watcher(api, config.any_semantic()).modify(|o| o.managed_fields_mut().clear()),
+                watcher(api, config.any_semantic()).modify(move |o| {
+                    o.managed_fields_mut().clear();
+                    strip(o);
+                }),
             )
             .default_backoff();
             tokio::spawn(stream.for_each(move |ev| {
@@ -143,22 +155,31 @@ impl Caches {
             store
         }
         let all = watcher::Config::default;
+        fn keep<K>(_: &mut K) {}
         Self {
-            policies: spawn(Api::all(client.clone()), all(), changed.clone()),
-            gpunodes: spawn(Api::all(client.clone()), all(), changed.clone()),
-            nodes: spawn(Api::all(client.clone()), all(), changed.clone()),
-            claims: spawn(Api::all(client.clone()), all(), changed.clone()),
+            policies: spawn(Api::all(client.clone()), all(), keep, changed.clone()),
+            gpunodes: spawn(Api::all(client.clone()), all(), keep, changed.clone()),
+            nodes: spawn(Api::all(client.clone()), all(), strip_node, changed.clone()),
+            claims: spawn(Api::all(client.clone()), all(), keep, changed.clone()),
             slices: spawn(
                 Api::all(client.clone()),
                 all().fields(&format!("spec.driver={DRIVER_NAME}")),
+                keep,
                 changed.clone(),
             ),
             pods: spawn(
                 Api::all(client.clone()),
                 all().fields("spec.nodeName="),
+                keep,
                 changed.clone(),
             ),
-            classes: spawn(Api::all(client.clone()), all(), changed),
+            bound: spawn(
+                Api::all(client.clone()),
+                all().fields("spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"),
+                strip_bound_pod,
+                changed.clone(),
+            ),
+            classes: spawn(Api::all(client.clone()), all(), keep, changed),
         }
     }
 
@@ -188,6 +209,10 @@ impl Caches {
             .wait_until_ready()
             .await
             .map_err(|_| Error::CacheNeverReady("Pod"))?;
+        self.bound
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::CacheNeverReady("Pod (bound)"))?;
         self.classes
             .wait_until_ready()
             .await
@@ -224,6 +249,18 @@ impl Caches {
             &extended,
             Timestamp::now(),
             dwell,
+        )
+    }
+
+    /// Where the waiting pods could run, devices aside.
+    fn rooms(&self) -> Rooms {
+        let nodes = self.nodes.state();
+        let bound = self.bound.state();
+        let waiting = self.pods.state();
+        Rooms::read(
+            nodes.iter().map(AsRef::as_ref),
+            bound.iter().map(AsRef::as_ref),
+            waiting.iter().map(AsRef::as_ref),
         )
     }
 
@@ -441,7 +478,11 @@ impl Operator {
     /// without an event (a pod's dwell ending), if it does.
     pub async fn pass(&mut self) -> Result<Option<Duration>, Error> {
         let supply = self.caches.supply();
-        let demand = self.caches.demand(self.dwell).without_placeable(&supply);
+        let rooms = self.caches.rooms();
+        let demand = self
+            .caches
+            .demand(self.dwell)
+            .without_placeable(&supply, &rooms);
         // The gauges first: whoever reads an event or a status this pass writes finds
         // them already saying the same.
         self.metrics.set_unmet(&demand);
@@ -494,6 +535,7 @@ impl Operator {
                 &snapshot,
                 &resolution,
                 &demand,
+                &rooms,
                 &since_change,
                 &self.transitions.gpus(),
             ),

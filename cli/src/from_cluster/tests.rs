@@ -145,11 +145,3 @@ fn gpu_nodes_and_their_pods_become_the_workload_with_the_documented_shares() {
     );
     assert_eq!((w.pods[0].cpu_milli, w.pods[0].memory_mib), (2000, 4096));
 }
-
-#[test]
-fn cpu_quantities_parse_as_millicores() {
-    assert_eq!(parse_cpu_milli("2"), Some(2000));
-    assert_eq!(parse_cpu_milli("1500m"), Some(1500));
-    assert_eq!(parse_cpu_milli("0.25"), Some(250));
-    assert_eq!(parse_cpu_milli("lots"), None);
-}

@@ -9,6 +9,7 @@ use super::*;
 use crate::{
     demand::{PendingClaim, RequestDemand},
     resolve::{NodeView, PolicyView, resolve},
+    room::Rooms,
 };
 
 const H100: &str = "NVIDIA H100 80GB HBM3";
@@ -98,7 +99,7 @@ fn planned(
     since: &BTreeMap<(String, u32), Duration>,
 ) -> Vec<(String, u32, SharingStrategy, SharingStrategy)> {
     let r = resolve(s);
-    plan(s, &r, d, since, &BTreeSet::new())
+    plan(s, &r, d, &Rooms::default(), since, &BTreeSet::new())
         .into_iter()
         .map(|c| (c.node, c.gpu, c.from, c.to))
         .collect()
@@ -201,15 +202,16 @@ fn a_node_with_a_move_on_its_way_takes_no_other_and_moves_on_their_way_count_in_
     let r = resolve(&s);
     let d = wants(Shape::Whole, 2);
     let on_its_way = BTreeSet::from([("a".to_string(), 1)]);
-    let got: Vec<(String, u32)> = plan(&s, &r, &d, &BTreeMap::new(), &on_its_way)
-        .into_iter()
-        .map(|c| (c.node, c.gpu))
-        .collect();
+    let got: Vec<(String, u32)> =
+        plan(&s, &r, &d, &Rooms::default(), &BTreeMap::new(), &on_its_way)
+            .into_iter()
+            .map(|c| (c.node, c.gpu))
+            .collect();
     assert_eq!(got, [("b".to_string(), 0)]);
     let full: BTreeSet<(String, u32)> = (0..u32::try_from(MAX_CHANGES).unwrap())
         .map(|i| (format!("elsewhere-{i}"), 0))
         .collect();
-    assert!(plan(&s, &r, &d, &BTreeMap::new(), &full).is_empty());
+    assert!(plan(&s, &r, &d, &Rooms::default(), &BTreeMap::new(), &full).is_empty());
 }
 
 #[test]
@@ -259,24 +261,177 @@ fn demand_for_a_strategy_the_policy_lacks_moves_nothing() {
     assert!(planned(&s, &wants(Shape::TimeSlice, 2), &BTreeMap::new()).is_empty());
 }
 
+fn planned_in(
+    s: &Snapshot,
+    d: &Demand,
+    rooms: &Rooms,
+) -> Vec<(String, u32, SharingStrategy, SharingStrategy, u32)> {
+    let r = resolve(s);
+    plan(s, &r, d, rooms, &BTreeMap::new(), &BTreeSet::new())
+        .into_iter()
+        .map(|c| (c.node, c.gpu, c.from, c.to, c.claims))
+        .collect()
+}
+
+fn three_nodes(p: PolicyView) -> Snapshot {
+    snapshot(
+        p,
+        ["a", "b", "c"]
+            .into_iter()
+            .map(|n| (n, node(vec![gpu(0, H100, true)], &[])))
+            .collect(),
+    )
+}
+
 #[test]
-fn demand_sizes_gpus_by_what_one_gpu_holds() {
-    let need = |units, claims| Need { units, claims };
+fn demand_sizes_the_moves_by_what_one_gpu_holds() {
+    let mps = SharingStrategy::Mps;
+    let mig = SharingStrategy::Mig;
+    // Five 25 % shares: 125 % of compute, two GPUs; the first takes four.
+    let s = three_nodes(adaptive(MIG_MPS.to_vec(), None));
     assert_eq!(
-        gpus_for(SharingStrategy::Mig, &need(8, 8), None),
-        2,
-        "8 1g: two GPUs"
+        planned_in(&s, &wants(mps_share(), 5), &Rooms::default()),
+        [("a".into(), 0, mig, mps, 4), ("b".into(), 0, mig, mps, 1)]
     );
-    assert_eq!(gpus_for(SharingStrategy::Mps, &need(75, 3), None), 1);
+    // Two clients per GPU: three GPUs.
+    let mut p = adaptive(MIG_MPS.to_vec(), None);
+    p.spec.mps = Some(tessera_api::policy::MpsPolicy {
+        max_clients: Some(2),
+        ..Default::default()
+    });
+    let got = planned_in(&three_nodes(p), &wants(mps_share(), 5), &Rooms::default());
     assert_eq!(
-        gpus_for(SharingStrategy::Mps, &need(75, 9), None),
-        2,
-        "clients"
+        got.iter().map(|c| c.4).collect::<Vec<_>>(),
+        [2, 2, 1],
+        "{got:?}"
     );
+    // Eight 1g partitions: seven on one GPU, one on the next.
+    let ex = SharingStrategy::Exclusive;
+    let mut s = three_nodes(adaptive(vec![mig, ex], None));
+    let mut r = resolve(&s);
+    for n in ["a", "b", "c"] {
+        r.specs.get_mut(n).unwrap().gpus[0].strategy = ex;
+        s.nodes.get_mut(n).unwrap().spec = r.specs[n].clone();
+    }
+    let one_g = Shape::Mig {
+        profile: Some("1g.10gb".into()),
+    };
+    s.policies[0].spec.strategy = SharingStrategy::Adaptive;
+    let got = planned_in(&s, &wants(one_g, 8), &Rooms::default());
     assert_eq!(
-        gpus_for(SharingStrategy::Mps, &need(150, 2), Some(4)),
-        2,
-        "compute"
+        got,
+        [("a".into(), 0, ex, mig, 7), ("b".into(), 0, ex, mig, 1)]
     );
-    assert_eq!(gpus_for(SharingStrategy::Exclusive, &need(3, 3), None), 3);
+}
+
+/// Rooms where node `a` has `cpu_left` millicores left and the others plenty, and
+/// `pods` waiting pods each asking `cpu` millicores.
+fn rooms(cpu_left: u64, pods: u32, cpu: u64) -> Rooms {
+    use crate::room::{NodeRoom, PodNeeds, Resources};
+    let room = |left: u64| NodeRoom {
+        allocatable: Resources {
+            cpu_milli: 8000,
+            memory_bytes: 1 << 40,
+            pods: 110,
+        },
+        requested: Resources {
+            cpu_milli: 8000 - left,
+            ..Resources::default()
+        },
+        ..NodeRoom::default()
+    };
+    Rooms {
+        nodes: BTreeMap::from([
+            ("a".to_string(), room(cpu_left)),
+            ("b".to_string(), room(8000)),
+            ("c".to_string(), room(8000)),
+        ]),
+        pods: (0..pods)
+            .map(|i| {
+                (
+                    format!("ns/p{i}"),
+                    PodNeeds {
+                        requests: Resources {
+                            cpu_milli: cpu,
+                            memory_bytes: 0,
+                            pods: 1,
+                        },
+                        ..PodNeeds::default()
+                    },
+                )
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn a_gpu_moves_only_where_the_waiting_pods_could_run() {
+    let (mig, mps) = (SharingStrategy::Mig, SharingStrategy::Mps);
+    let s = three_nodes(adaptive(MIG_MPS.to_vec(), None));
+    // Node a comes first by name, but its CPU is taken: b's GPU moves.
+    assert_eq!(
+        planned_in(&s, &wants(mps_share(), 1), &rooms(500, 1, 1000)),
+        [("b".into(), 0, mig, mps, 1)]
+    );
+    // Room on a for one of the three 3-CPU pods: a takes one, b the other two.
+    assert_eq!(
+        planned_in(&s, &wants(mps_share(), 3), &rooms(3000, 3, 3000)),
+        [("a".into(), 0, mig, mps, 1), ("b".into(), 0, mig, mps, 2)]
+    );
+    // A GPU no waiting pod could use is not moved.
+    let s = snapshot(
+        adaptive(MIG_MPS.to_vec(), None),
+        vec![("a", node(vec![gpu(0, H100, true)], &[]))],
+    );
+    assert!(planned_in(&s, &wants(mps_share(), 1), &rooms(500, 1, 1000)).is_empty());
+}
+
+#[test]
+fn an_idle_gpu_in_the_strategy_where_the_pods_cannot_run_does_not_hold_the_demand_back() {
+    let (mig, mps) = (SharingStrategy::Mig, SharingStrategy::Mps);
+    let mut s = three_nodes(adaptive(MIG_MPS.to_vec(), None));
+    let mut r = resolve(&s);
+    r.specs.get_mut("a").unwrap().gpus[0].strategy = mps;
+    s.nodes.get_mut("a").unwrap().spec = r.specs["a"].clone();
+    // a's GPU is MPS and idle, but a's CPU is taken: b moves.
+    assert_eq!(
+        planned_in(&s, &wants(mps_share(), 1), &rooms(0, 1, 1000)),
+        [("b".into(), 0, mig, mps, 1)]
+    );
+    // With room on a, a's MPS GPU takes the claim and nothing moves.
+    assert!(planned_in(&s, &wants(mps_share(), 1), &rooms(8000, 1, 1000)).is_empty());
+}
+
+#[test]
+fn a_node_selector_steers_the_move() {
+    let (mig, mps) = (SharingStrategy::Mig, SharingStrategy::Mps);
+    let s = three_nodes(adaptive(MIG_MPS.to_vec(), None));
+    let mut r = rooms(8000, 1, 1000);
+    r.nodes.get_mut("c").unwrap().labels = BTreeMap::from([("pool".into(), "inference".into())]);
+    r.pods.get_mut("ns/p0").unwrap().node_selector =
+        BTreeMap::from([("pool".into(), "inference".into())]);
+    assert_eq!(
+        planned_in(&s, &wants(mps_share(), 1), &r),
+        [("c".into(), 0, mig, mps, 1)]
+    );
+}
+
+#[test]
+fn a_claim_larger_than_a_gpu_takes_gpus_on_one_node() {
+    let (mig, ex) = (SharingStrategy::Mig, SharingStrategy::Exclusive);
+    let s = snapshot(
+        adaptive(vec![mig, ex], None),
+        vec![
+            ("a", node(vec![gpu(0, H100, true), gpu(1, H100, true)], &[])),
+            ("b", node(vec![gpu(0, H100, true)], &[])),
+        ],
+    );
+    let mut d = wants(Shape::Whole, 1);
+    d.pending.get_mut("ns/c0").unwrap().requests[0].alternatives[0].1 = 2;
+    // One GPU per node per pass: a's first GPU now, its second in a later pass; b's GPU
+    // would not help the claim.
+    assert_eq!(
+        planned_in(&s, &d, &Rooms::default()),
+        [("a".into(), 0, mig, ex, 1)]
+    );
 }

@@ -1,6 +1,7 @@
 use super::*;
 use crate::{
     demand::{PendingClaim, RequestDemand},
+    room::Rooms,
     usage::Allocated,
 };
 
@@ -126,11 +127,17 @@ fn a_free_placement_holds_a_claim_and_an_overlapping_allocation_takes_it() {
         ]
     };
     let d = demand(vec![("ns/a", vec![vec![(profile("1g.10gb"), 1)]])]);
-    assert_eq!(names(&placeable(&d, &supply("n", devices()))), ["ns/a"]);
+    assert_eq!(
+        names(&placeable(&d, &supply("n", devices()), &Rooms::default())),
+        ["ns/a"]
+    );
 
     let mut busy = supply("n", devices());
     hold(&mut busy, "n", "gpu-0-mig-4g40gb-0", &[]);
-    assert!(placeable(&d, &busy).is_empty(), "slice 0 is the 4g's");
+    assert!(
+        placeable(&d, &busy, &Rooms::default()).is_empty(),
+        "slice 0 is the 4g's"
+    );
 }
 
 #[test]
@@ -140,7 +147,7 @@ fn claims_take_what_the_ones_before_them_left() {
         ("ns/a", vec![vec![(profile("1g.10gb"), 1)]]),
         ("ns/b", vec![vec![(profile("1g.10gb"), 1)]]),
     ]);
-    assert_eq!(names(&placeable(&d, &s)), ["ns/a"]);
+    assert_eq!(names(&placeable(&d, &s, &Rooms::default())), ["ns/a"]);
 }
 
 #[test]
@@ -149,7 +156,7 @@ fn a_tainted_device_holds_nothing() {
     fenced.tainted = true;
     let s = supply("n", vec![("gpu-0-mig-1g10gb-0", fenced)]);
     let d = demand(vec![("ns/a", vec![vec![(profile("1g.10gb"), 1)]])]);
-    assert!(placeable(&d, &s).is_empty());
+    assert!(placeable(&d, &s, &Rooms::default()).is_empty());
 }
 
 #[test]
@@ -160,12 +167,12 @@ fn a_wrong_profile_or_kind_does_not_fit() {
         ("ns/whole", vec![vec![(Shape::Whole, 1)]]),
         ("ns/share", vec![vec![(share(None, None), 1)]]),
     ]);
-    assert!(placeable(&d, &s).is_empty());
+    assert!(placeable(&d, &s, &Rooms::default()).is_empty());
     let any = demand(vec![(
         "ns/any",
         vec![vec![(Shape::Mig { profile: None }, 1)]],
     )]);
-    assert_eq!(names(&placeable(&any, &s)), ["ns/any"]);
+    assert_eq!(names(&placeable(&any, &s, &Rooms::default())), ["ns/any"]);
 }
 
 #[test]
@@ -180,7 +187,10 @@ fn mps_shares_fit_while_compute_and_memory_last() {
     ]);
     // a: 60 % and the 8 GiB default; b: no room for 50 %; c: 90 %, 72 GiB; d: the
     // defaults fill both; e: nothing left.
-    assert_eq!(names(&placeable(&d, &s)), ["ns/a", "ns/c", "ns/d"]);
+    assert_eq!(
+        names(&placeable(&d, &s, &Rooms::default())),
+        ["ns/a", "ns/c", "ns/d"]
+    );
 }
 
 #[test]
@@ -188,7 +198,10 @@ fn mps_shares_fit_while_client_slots_last() {
     let s = supply("n", vec![("gpu-0-mps", mps(2))]);
     let tiny = || vec![vec![(share(Some(1), Some(1024)), 1)]];
     let d = demand(vec![("ns/a", tiny()), ("ns/b", tiny()), ("ns/c", tiny())]);
-    assert_eq!(names(&placeable(&d, &s)), ["ns/a", "ns/b"]);
+    assert_eq!(
+        names(&placeable(&d, &s, &Rooms::default())),
+        ["ns/a", "ns/b"]
+    );
 }
 
 #[test]
@@ -200,7 +213,7 @@ fn memory_is_granted_in_whole_steps() {
         ("ns/a", vec![vec![(share(Some(1), Some(half)), 1)]]),
         ("ns/b", vec![vec![(share(Some(1), Some(half)), 1)]]),
     ]);
-    assert_eq!(names(&placeable(&d, &s)), ["ns/a"]);
+    assert_eq!(names(&placeable(&d, &s, &Rooms::default())), ["ns/a"]);
 }
 
 #[test]
@@ -213,9 +226,12 @@ fn a_shared_device_consumes_its_counters_once() {
         &[("computePercent", 20), ("memory", 8192), ("clients", 1)],
     );
     let d = demand(vec![("ns/a", vec![vec![(share(Some(80), None), 1)]])]);
-    assert_eq!(names(&placeable(&d, &s)), ["ns/a"]);
+    assert_eq!(names(&placeable(&d, &s, &Rooms::default())), ["ns/a"]);
     let d = demand(vec![("ns/a", vec![vec![(share(Some(81), None), 1)]])]);
-    assert!(placeable(&d, &s).is_empty(), "20 % are held");
+    assert!(
+        placeable(&d, &s, &Rooms::default()).is_empty(),
+        "20 % are held"
+    );
 }
 
 #[test]
@@ -225,7 +241,7 @@ fn first_available_falls_through_to_a_shape_that_fits() {
         "ns/a",
         vec![vec![(profile("3g.40gb"), 1), (profile("1g.10gb"), 1)]],
     )]);
-    assert_eq!(names(&placeable(&d, &s)), ["ns/a"]);
+    assert_eq!(names(&placeable(&d, &s, &Rooms::default())), ["ns/a"]);
 }
 
 #[test]
@@ -238,9 +254,9 @@ fn a_count_needs_distinct_devices() {
         ],
     );
     let two = demand(vec![("ns/a", vec![vec![(profile("1g.10gb"), 2)]])]);
-    assert_eq!(names(&placeable(&two, &s)), ["ns/a"]);
+    assert_eq!(names(&placeable(&two, &s, &Rooms::default())), ["ns/a"]);
     let three = demand(vec![("ns/a", vec![vec![(profile("1g.10gb"), 3)]])]);
-    assert!(placeable(&three, &s).is_empty());
+    assert!(placeable(&three, &s, &Rooms::default()).is_empty());
 }
 
 #[test]
@@ -255,7 +271,7 @@ fn every_request_of_a_claim_lands_on_one_node_and_a_failed_claim_takes_nothing()
         ("ns/b", vec![vec![(profile("1g.10gb"), 1)]]),
     ]);
     // a needs both on one node: neither has both; its tries leave b the 1g.
-    assert_eq!(names(&placeable(&split, &s)), ["ns/b"]);
+    assert_eq!(names(&placeable(&split, &s, &Rooms::default())), ["ns/b"]);
 }
 
 #[test]
@@ -302,5 +318,56 @@ fn explain_counts_a_shared_device_whose_clients_are_used_up() {
         (e.published, e.capacity_used_up, e.free),
         (1, 1, 0),
         "{e:?}"
+    );
+}
+
+#[test]
+fn a_free_device_on_a_node_where_the_pod_cannot_run_holds_nothing() {
+    use crate::room::{NodeRoom, PodNeeds, Resources};
+    let mut s = supply("full", vec![("gpu-0-mps", mps(8))]);
+    add(&mut s, "roomy", vec![("gpu-0-mps", mps(8))]);
+    let mut d = demand(vec![
+        ("ns/a", vec![vec![(share(Some(10), None), 1)]]),
+        ("ns/b", vec![vec![(share(Some(10), None), 1)]]),
+    ]);
+    for (claim, pod) in [("ns/a", "ns/pa"), ("ns/b", "ns/pb")] {
+        d.pending.get_mut(claim).unwrap().pods = BTreeSet::from([pod.to_string()]);
+    }
+    let node = |cpu_left: u64| NodeRoom {
+        allocatable: Resources {
+            cpu_milli: 4000,
+            memory_bytes: 1 << 40,
+            pods: 110,
+        },
+        requested: Resources {
+            cpu_milli: 4000 - cpu_left,
+            ..Resources::default()
+        },
+        ..NodeRoom::default()
+    };
+    let pod = PodNeeds {
+        requests: Resources {
+            cpu_milli: 2000,
+            memory_bytes: 0,
+            pods: 1,
+        },
+        ..PodNeeds::default()
+    };
+    let rooms = Rooms {
+        nodes: BTreeMap::from([
+            ("full".to_string(), node(1000)),
+            ("roomy".to_string(), node(3000)),
+        ]),
+        pods: BTreeMap::from([
+            ("ns/pa".to_string(), pod.clone()),
+            ("ns/pb".to_string(), pod),
+        ]),
+    };
+    // Both claims fit the devices of either node, but each pod needs 2 CPUs: only one
+    // goes on `roomy`, none on `full`. The other is unmet.
+    assert_eq!(names(&placeable(&d, &s, &rooms)), ["ns/a"]);
+    assert_eq!(
+        names(&placeable(&d, &s, &Rooms::default())),
+        ["ns/a", "ns/b"]
     );
 }
