@@ -36,8 +36,6 @@ pub enum PolicyArg {
     Mps,
     /// MIG + MPS mixed by the Adaptive planner.
     Adaptive,
-    /// MIG + MPS mixed by a planner that sees where the waiting pod fits.
-    AdaptiveFit,
 }
 
 impl From<PolicyArg> for Policy {
@@ -48,7 +46,6 @@ impl From<PolicyArg> for Policy {
             PolicyArg::MigTessera => Policy::MigTessera,
             PolicyArg::Mps => Policy::Mps,
             PolicyArg::Adaptive => Policy::Adaptive,
-            PolicyArg::AdaptiveFit => Policy::AdaptiveFit,
         }
     }
 }

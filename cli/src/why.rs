@@ -6,17 +6,20 @@
 //! no GPU offers the shape, every device of it is held, its hardware is used by other
 //! partitions (the shared counters), its capacity is used up, or a taint keeps claims off
 //! it; GPUs whose spec and status disagree are changing shape (an Adaptive move or a
-//! policy edit in progress). It only reads. [`explain`] is pure; the I/O is apart.
+//! policy edit in progress). For each GPU node it says whether the pod could run there
+//! apart from devices, by the scheduler's filters the planner applies
+//! (`operator::room`: CPU, memory, pod count, node selector and affinity, taints, cordon),
+//! so free devices on nodes the pod cannot use are told apart. It only reads. [`explain`] is pure; the I/O is apart.
 
 mod render;
 #[cfg(test)]
 mod tests;
 
-use std::{io::Write, path::PathBuf, sync::Arc};
+use std::{collections::BTreeMap, io::Write, path::PathBuf, sync::Arc};
 
 use anyhow::Context;
 use k8s_openapi::api::{
-    core::v1::Pod,
+    core::v1::{Node, Pod},
     resource::v1::{ResourceClaim, ResourceSlice},
 };
 use serde::Serialize;
@@ -27,6 +30,7 @@ use tessera_api::{
 use tessera_operator::{
     demand::{Asks, Shape, asks},
     free::{ShapeDevices, explain as explain_shape},
+    room::{Resources, Rooms, misfit},
     usage::Supply,
 };
 
@@ -65,6 +69,18 @@ pub struct Why {
     pub claims: Vec<ClaimWhy>,
     /// GPUs changing shape now (spec and status disagree), as `node GPU i: A -> B`.
     pub changing: Vec<String>,
+    /// Whether the pod could run on each GPU node, devices aside.
+    pub nodes: Vec<NodeFit>,
+}
+
+/// Whether the pod could run on one GPU node, devices aside.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeFit {
+    /// The node.
+    pub node: String,
+    /// Why the pod cannot run there; `None` when it can.
+    pub misfit: Option<String>,
 }
 
 /// One claim.
@@ -129,6 +145,10 @@ pub struct Cluster {
     pub policies: Vec<GpuSharingPolicy>,
     /// Every GpuNode.
     pub gpunodes: Vec<GpuNode>,
+    /// Every Node.
+    pub nodes: Vec<Node>,
+    /// Every pod bound to a node.
+    pub bound: Vec<Pod>,
 }
 
 async fn read(args: &WhyArgs) -> anyhow::Result<Cluster> {
@@ -151,16 +171,33 @@ async fn read(args: &WhyArgs) -> anyhow::Result<Cluster> {
         .list(&ListParams::default())
         .await
         .context("listing GpuSharingPolicies (are Tessera's CRDs installed?)")?;
-    let gpunodes = Api::<GpuNode>::all(client)
+    let gpunodes = Api::<GpuNode>::all(client.clone())
         .list(&ListParams::default())
         .await
         .context("listing GpuNodes")?;
+    // Where the pod could run needs every Node and bound pod; a kubeconfig that may not
+    // list them still gets the rest of the answer.
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await;
+    let bound = Api::<Pod>::all(client)
+        .list(
+            &ListParams::default()
+                .fields("spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"),
+        )
+        .await;
+    let (nodes, bound) = match (nodes, bound) {
+        (Ok(n), Ok(b)) => (n.items, b.items),
+        _ => (Vec::new(), Vec::new()),
+    };
     Ok(Cluster {
         pod,
         claims: claims.items.into_iter().map(Arc::new).collect(),
         slices: slices.items.into_iter().map(Arc::new).collect(),
         policies: policies.items,
         gpunodes: gpunodes.items,
+        nodes,
+        bound,
     })
 }
 
@@ -180,6 +217,11 @@ pub fn explain(c: &Cluster) -> Why {
             )
         });
     let supply = Supply::read(&c.slices, &c.claims, Default::default());
+    let nodes = node_fits(c);
+    let cannot: BTreeMap<&str, &str> = nodes
+        .iter()
+        .filter_map(|n| Some((n.node.as_str(), n.misfit.as_deref()?)))
+        .collect();
     // The claim names the pod uses: generated ones from its status, named ones from its
     // spec.
     let generated = status
@@ -215,7 +257,7 @@ pub fn explain(c: &Cluster) -> Why {
                     && cl.metadata.name.as_deref() == Some(name.as_str())
             });
             match found {
-                Some(claim) => claim_why(claim, &supply, &c.policies),
+                Some(claim) => claim_why(claim, &supply, &c.policies, &cannot),
                 None => ClaimWhy {
                     claim: format!("{ns}/{name}"),
                     note: Some("the claim does not exist (yet)".into()),
@@ -242,10 +284,50 @@ pub fn explain(c: &Cluster) -> Why {
         scheduler,
         claims,
         changing: changing(&c.gpunodes),
+        nodes,
     }
 }
 
-fn claim_why(claim: &ResourceClaim, supply: &Supply, policies: &[GpuSharingPolicy]) -> ClaimWhy {
+/// Whether the pod could run on each GPU node (a node with a GpuNode), apart from devices.
+/// Without the Node objects (a kubeconfig that cannot list them) nothing is said.
+fn node_fits(c: &Cluster) -> Vec<NodeFit> {
+    if c.nodes.is_empty() {
+        return Vec::new();
+    }
+    let rooms = Rooms::read(
+        &c.nodes,
+        c.bound
+            .iter()
+            .filter(|p| p.metadata.uid != c.pod.metadata.uid),
+        [&c.pod],
+    );
+    let Some(needs) = rooms.pods.values().next() else {
+        return Vec::new();
+    };
+    let mut out: Vec<NodeFit> = c
+        .gpunodes
+        .iter()
+        .filter_map(|g| g.metadata.name.clone())
+        .map(|node| {
+            let misfit = match rooms.nodes.get(&node) {
+                Some(room) => {
+                    misfit(needs, &node, room, &Resources::default()).map(|m| m.to_string())
+                }
+                None => Some("no Node object".into()),
+            };
+            NodeFit { node, misfit }
+        })
+        .collect();
+    out.sort_by(|a, b| a.node.cmp(&b.node));
+    out
+}
+
+fn claim_why(
+    claim: &ResourceClaim,
+    supply: &Supply,
+    policies: &[GpuSharingPolicy],
+    cannot: &BTreeMap<&str, &str>,
+) -> ClaimWhy {
     let name = format!(
         "{}/{}",
         claim.metadata.namespace.as_deref().unwrap_or_default(),
@@ -292,6 +374,7 @@ fn claim_why(claim: &ResourceClaim, supply: &Supply, policies: &[GpuSharingPolic
                     *count,
                     &explain_shape(shape, supply),
                     policies,
+                    cannot,
                 )
             })
         })
@@ -309,12 +392,35 @@ fn shape_why(
     count: u32,
     d: &ShapeDevices,
     policies: &[GpuSharingPolicy],
+    cannot: &BTreeMap<&str, &str>,
 ) -> ShapeWhy {
     let strategy = shape.strategy();
+    let out_of_reach: Vec<String> = d
+        .free_on
+        .iter()
+        .filter_map(|n| Some(format!("{n}: {}", cannot.get(n.as_str())?)))
+        .collect();
     let (verdict, remedies) = if d.published == 0 {
         (
             format!("no GPU offers {shape}"),
             no_offer_remedies(shape, strategy, policies),
+        )
+    } else if d.free >= count && !d.free_on.is_empty() && out_of_reach.len() == d.free_on.len() {
+        let mut remedies = vec![
+            "make room for the pod on one of those nodes (its CPU, memory or pods), or let it run there (node selector, affinity, tolerations)".to_string(),
+        ];
+        if !adaptive_offering(strategy, policies).is_empty() {
+            remedies.push(
+                "an Adaptive policy moves an idle GPU for it only on a node where it could run (see the nodes below)".into(),
+            );
+        }
+        (
+            format!(
+                "{} free device(s) of this shape, but the pod cannot run on their nodes ({})",
+                d.free,
+                out_of_reach.join("; ")
+            ),
+            remedies,
         )
     } else if d.free >= count {
         let nodes: Vec<&str> = d.free_on.iter().map(String::as_str).collect();

@@ -155,8 +155,8 @@ fn simulate_compares_policies_on_a_scenario_and_writes_json_and_a_chart() {
         .collect();
     // whole; MIG first-fit (its 1g at 0 strands the only 4g placement); MIG Tessera; MPS;
     // MIG+MPS (the 1g takes MIG on GPU 0, the 500 share moves GPU 1 to MPS, so the whole
-    // GPU needs a third), and the same with the fit-aware planner.
-    assert_eq!(used, vec![3, 3, 2, 2, 3, 3]);
+    // GPU needs a third).
+    assert_eq!(used, vec![3, 3, 2, 2, 3]);
     assert_eq!(got["ratio"][0]["seeds"].as_array().unwrap().len(), 2);
     assert!(
         stderr.contains("GPUs needed"),

@@ -33,6 +33,8 @@ use k8s_openapi::api::core::v1::{
 };
 use tessera_api::quantity::{parse_bytes, parse_cpu_milli};
 
+const MIB: u64 = 1 << 20;
+
 /// The taint the scheduler treats a cordoned node as carrying.
 const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
 
@@ -207,7 +209,7 @@ pub enum Misfit {
         left: u64,
     },
     /// Not enough memory left.
-    #[error("{want} bytes of memory asked, {left} left")]
+    #[error("{} MiB of memory asked, {} MiB left", want.div_ceil(MIB), left / MIB)]
     Memory {
         /// Bytes asked.
         want: u64,

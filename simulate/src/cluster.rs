@@ -248,12 +248,11 @@ impl<'s> Cluster<'s> {
         pod: &PodSpec,
     ) -> Result<bool, SimError> {
         let mut seen = Vec::new();
-        // The operator lists governed GPUs as `node/index`, node names in order. Its
-        // planner does not look at the waiting pod's other needs; the fit-aware variant
-        // sees only nodes where the pod's CPU and memory fit.
-        let fit_aware = self.policy == Policy::AdaptiveFit;
+        // The operator lists governed GPUs as `node/index`, node names in order, and its
+        // planner looks only at nodes where the waiting pod could run
+        // (`tessera_operator::room`; the trace has CPU and memory).
         let mut order: Vec<usize> = (0..self.nodes.len())
-            .filter(|n| !fit_aware || self.nodes[*n].fits(pod.cpu_milli, pod.memory_mib))
+            .filter(|n| self.nodes[*n].fits(pod.cpu_milli, pod.memory_mib))
             .collect();
         order.sort_by(|a, b| self.nodes[*a].name.cmp(&self.nodes[*b].name));
         for n in order {

@@ -26,11 +26,8 @@ pub enum Policy {
     /// MPS only.
     Mps,
     /// MIG where it wastes little, MPS elsewhere, GPUs moved between them on demand the
-    /// way the operator's Adaptive planner does.
+    /// way the operator's Adaptive planner does (on nodes where the waiting pod fits).
     Adaptive,
-    /// As [`Policy::Adaptive`], with a planner that looks only at GPUs on nodes where the
-    /// waiting pod's CPU and memory fit: what closing the operator's blind spot gives.
-    AdaptiveFit,
 }
 
 impl Policy {
@@ -43,18 +40,17 @@ impl Policy {
     ];
 
     /// Every policy, in report order.
-    pub const ALL: [Policy; 6] = [
+    pub const ALL: [Policy; 5] = [
         Policy::Whole,
         Policy::MigFirstFit,
         Policy::MigTessera,
         Policy::Mps,
         Policy::Adaptive,
-        Policy::AdaptiveFit,
     ];
 
     /// Whether the Adaptive planner moves GPUs under this policy.
     pub fn adapts(self) -> bool {
-        matches!(self, Policy::Adaptive | Policy::AdaptiveFit)
+        matches!(self, Policy::Adaptive)
     }
 
     /// Short label for tables and charts.
@@ -65,7 +61,6 @@ impl Policy {
             Policy::MigTessera => "MIG Tessera",
             Policy::Mps => "MPS",
             Policy::Adaptive => "MIG+MPS",
-            Policy::AdaptiveFit => "MIG+MPS fit",
         }
     }
 
@@ -76,9 +71,7 @@ impl Policy {
             Policy::Mps => SharingStrategy::Mps,
             // Adaptive starts in its first, most preferred strategy (the operator's
             // `resolve::adaptive_strategy`).
-            Policy::MigFirstFit | Policy::MigTessera | Policy::Adaptive | Policy::AdaptiveFit => {
-                SharingStrategy::Mig
-            }
+            Policy::MigFirstFit | Policy::MigTessera | Policy::Adaptive => SharingStrategy::Mig,
         }
     }
 }
@@ -206,7 +199,7 @@ pub fn ask(
         (Policy::Whole, _) | (_, None) => whole,
         (Policy::MigFirstFit | Policy::MigTessera, Some(p)) => mig(p),
         (Policy::Mps, _) => mps,
-        (Policy::Adaptive | Policy::AdaptiveFit, Some(p)) => {
+        (Policy::Adaptive, Some(p)) => {
             if mig_waste(layout, p, pod.gpu_milli) <= knobs.mig_waste_milli
                 && p.memory_slices < layout.memory_slices
             {

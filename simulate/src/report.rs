@@ -266,13 +266,8 @@ fn targets(needed: &[Needed], ratio: &[Ratio], b: &Bounds) -> Vec<Target> {
             met: pts >= 5.0,
         });
     }
-    for p in [Policy::Adaptive, Policy::AdaptiveFit] {
-        let Some(n) = find(needed, p, |n| n.policy) else {
-            continue;
-        };
-        if b.fractional == 0 {
-            continue;
-        }
+    if let Some(n) = find(needed, Policy::Adaptive, |n| n.policy).filter(|_| b.fractional > 0) {
+        let p = Policy::Adaptive;
         let m = n.usage.gpus_used;
         let r = m as f64 / b.fractional as f64;
         let left = if n.unplaceable > 0 {

@@ -40,6 +40,28 @@ pub fn text(out: &mut dyn Write, why: &Why) -> std::io::Result<()> {
             }
         }
     }
+    let reachable: Vec<&str> = why
+        .nodes
+        .iter()
+        .filter(|n| n.misfit.is_none())
+        .map(|n| n.node.as_str())
+        .collect();
+    if !why.nodes.is_empty() {
+        writeln!(
+            out,
+            "GPU nodes it could run on, devices aside: {}",
+            if reachable.is_empty() {
+                "none".to_string()
+            } else {
+                reachable.join(", ")
+            }
+        )?;
+        for n in &why.nodes {
+            if let Some(m) = &n.misfit {
+                writeln!(out, "  {}: {m}", n.node)?;
+            }
+        }
+    }
     if !why.changing.is_empty() {
         writeln!(
             out,

@@ -120,3 +120,75 @@ fn the_text_names_the_claim_the_shape_the_verdict_and_the_remedies() {
         assert!(text.contains(line), "missing {line:?} in\n{text}");
     }
 }
+
+#[test]
+fn a_free_device_on_a_node_the_pod_cannot_run_on_is_told_apart() {
+    let mut pod = pending_pod("next-gpu");
+    pod.spec.as_mut().unwrap().containers = vec![
+        serde_json::from_value(json!({"name": "main", "resources": {"requests": {"cpu": "2"}}}))
+            .unwrap(),
+    ];
+    let node = |name: &str| -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "status": {"allocatable": {"cpu": "4", "memory": "16Gi", "pods": "110"}}
+        }))
+        .unwrap()
+    };
+    let busy: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "busy", "namespace": "ml", "uid": "b"},
+        "spec": {"nodeName": "node-a", "containers": [{"name": "c", "resources": {"requests": {"cpu": "3"}}}]},
+        "status": {"phase": "Running"}
+    }))
+    .unwrap();
+    let gpunode = |name: &str| -> GpuNode {
+        serde_json::from_value(json!({
+            "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
+            "metadata": {"name": name}, "spec": {"gpus": []}
+        }))
+        .unwrap()
+    };
+    let slice: ResourceSlice = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "node-a-gpu-0"},
+        "spec": {"driver": "gpu.tessera.dev", "nodeName": "node-a",
+                 "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
+                 "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}}]}
+    }))
+    .unwrap();
+    let why = explain(&Cluster {
+        pod,
+        claims: vec![claim("next-gpu", "gpu.tessera.dev", None)],
+        slices: vec![Arc::new(slice)],
+        gpunodes: vec![gpunode("node-a"), gpunode("node-b")],
+        nodes: vec![node("node-a"), node("node-b")],
+        bound: vec![busy],
+        ..Cluster::default()
+    });
+    let shape = &why.claims[0].shapes[0];
+    assert_eq!(shape.free, 1);
+    assert_eq!(
+        shape.verdict,
+        "1 free device(s) of this shape, but the pod cannot run on their nodes (node-a: 2000m CPU asked, 1000m left)"
+    );
+    assert_eq!(
+        why.nodes,
+        [
+            NodeFit {
+                node: "node-a".into(),
+                misfit: Some("2000m CPU asked, 1000m left".into())
+            },
+            NodeFit {
+                node: "node-b".into(),
+                misfit: None
+            }
+        ]
+    );
+    let mut out = Vec::new();
+    render::text(&mut out, &why).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.contains("GPU nodes it could run on, devices aside: node-b\n  node-a: 2000m CPU asked, 1000m left"),
+        "{text}"
+    );
+}
