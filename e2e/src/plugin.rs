@@ -54,9 +54,9 @@ pub struct SimNode {
     /// The plugin pod's UID, as the DaemonSet passes it: its sockets are named by it, and
     /// a restart (same pod) keeps it.
     pod_uid: String,
-    /// Bytes of a tmpfs the plugin's state directory is mounted on, in a mount namespace
-    /// of the plugin's own (see [`SimNode::start_with_small_state_dir`]).
-    state_tmpfs: Option<u64>,
+    /// The small tmpfs the plugin's state directory is mounted on, if it has one (see
+    /// [`SimNode::start_with_small_state_dir`]).
+    state_volume: Option<StateVolume>,
     process: Option<Child>,
     /// The kubelet of this node.
     pub kubelet: HollowKubelet,
@@ -78,6 +78,71 @@ impl Successor {
             return None;
         }
         crate::process::sample(&body, sample)
+    }
+}
+
+/// A tmpfs for a plugin's state directory, in a mount namespace that outlives the plugin:
+/// a holder process keeps the namespace and every plugin instance of the node enters it,
+/// so the state survives restarts and upgrades as a node's disk does, while a test can
+/// fill the volume or remount it read-only without touching anything outside it.
+struct StateVolume {
+    holder: Child,
+}
+
+impl StateVolume {
+    fn mount(at: &std::path::Path, bytes: u64) -> anyhow::Result<Self> {
+        use std::io::BufRead;
+        // unshare execs sh, so the holder's parent is this process: the holder ends
+        // (`tail --pid`) when it does, and the namespace with the last process in it.
+        // tail writes to /dev/null: it ends once its stdout is a pipe nobody reads.
+        let mut holder = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+            .arg(format!(
+                "mount -t tmpfs -o size={bytes} tessera-state \"$0\" && echo mounted && exec tail --pid=$PPID -f /dev/null >/dev/null"
+            ))
+            .arg(at)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting the state volume's holder (unshare)")?;
+        let mut line = String::new();
+        if let Some(out) = holder.stdout.take() {
+            std::io::BufReader::new(out).read_line(&mut line)?;
+        }
+        if line.trim() != "mounted" {
+            let _ = holder.kill();
+            let _ = holder.wait();
+            bail!("mounting a tmpfs on {} failed (root needed)", at.display());
+        }
+        Ok(Self { holder })
+    }
+
+    fn pid(&self) -> String {
+        self.holder.id().to_string()
+    }
+
+    /// `path` as seen from inside the volume's namespace, for readers outside it.
+    fn view(&self, path: &std::path::Path) -> PathBuf {
+        let inside = path.strip_prefix("/").unwrap_or(path);
+        PathBuf::from(format!("/proc/{}/root", self.pid())).join(inside)
+    }
+
+    /// Runs `script` (sh) in the volume's namespace with `$0` = `at`; whether it succeeded.
+    fn run(&self, at: &std::path::Path, script: &str) -> anyhow::Result<bool> {
+        let status = Command::new("nsenter")
+            .args(["-t", &self.pid(), "-m", "--", "sh", "-c", script])
+            .arg(at)
+            .stderr(Stdio::null())
+            .status()
+            .context("running nsenter")?;
+        Ok(status.success())
+    }
+}
+
+impl Drop for StateVolume {
+    fn drop(&mut self) {
+        let _ = self.holder.kill();
+        let _ = self.holder.wait();
     }
 }
 
@@ -109,6 +174,26 @@ impl SimNode {
         inventory: &str,
     ) -> anyhow::Result<Self> {
         let node = Self::start(cp, name, inventory).await?;
+        node.join_pool(cp, pool).await?;
+        Ok(node)
+    }
+
+    /// [`SimNode::start_in_pool`] with the state directory of
+    /// [`SimNode::start_with_small_state_dir`].
+    pub async fn start_in_pool_with_small_state_dir(
+        cp: &ControlPlane,
+        name: &str,
+        pool: &str,
+        inventory: &str,
+        bytes: u64,
+    ) -> anyhow::Result<Self> {
+        let node = Self::start_with_small_state_dir(cp, name, inventory, bytes).await?;
+        node.join_pool(cp, pool).await?;
+        Ok(node)
+    }
+
+    async fn join_pool(&self, cp: &ControlPlane, pool: &str) -> anyhow::Result<()> {
+        let name = &self.name;
         let nodes: kube::Api<k8s_openapi::api::core::v1::Node> =
             kube::Api::all(cp.admin_client().await?);
         nodes
@@ -121,14 +206,14 @@ impl SimNode {
             )
             .await
             .with_context(|| format!("labelling node {name}"))?;
-        Ok(node)
+        Ok(())
     }
 
-    /// [`SimNode::start`] with the plugin in a mount namespace of its own, its state
-    /// directory a tmpfs of `bytes` there: a test can fill it
-    /// ([`SimNode::fill_state_dir`]) or make it read-only
-    /// ([`SimNode::state_dir_read_only`]) while the plugin runs, and nothing outside the
-    /// plugin's namespace is touched. The state is lost with the process (no restarts).
+    /// [`SimNode::start`] with the plugin's state directory a tmpfs of `bytes` in a mount
+    /// namespace the node's plugin instances share (it outlives restarts): a test can fill
+    /// it ([`SimNode::fill_state_dir`]) or make it read-only
+    /// ([`SimNode::state_dir_read_only`]), and nothing outside that namespace is touched.
+    /// [`SimNode::state_dir`] then names the directory as seen from outside.
     pub async fn start_with_small_state_dir(
         cp: &ControlPlane,
         name: &str,
@@ -161,6 +246,9 @@ impl SimNode {
         .await?;
         cluster::apply_dir(&admin, &repo_root().join("config/rbac"), false).await?;
         std::fs::create_dir_all(root.join("state"))?;
+        let state_volume = state_tmpfs
+            .map(|bytes| StateVolume::mount(&root.join("state"), bytes))
+            .transpose()?;
         std::fs::create_dir_all(run.path().join("cdi"))?;
         std::fs::write(root.join("boot_id"), uuid::Uuid::new_v4().to_string())?;
         SimRoot::new(root.join("driver")).install(inventory, &simdriver_built()?)?;
@@ -178,7 +266,7 @@ impl SimNode {
             kubeconfig,
             metrics_port,
             pod_uid: uuid::Uuid::new_v4().to_string(),
-            state_tmpfs,
+            state_volume,
             process: None,
             kubelet,
         };
@@ -250,16 +338,12 @@ impl SimNode {
             .append(true)
             .open(self.log_path())?;
         let driver = self.driver();
-        let mut command = match self.state_tmpfs {
+        let mut command = match &self.state_volume {
             None => Command::new(plugin_binary()?),
-            Some(bytes) => {
-                // unshare and sh exec in turn, so the child's pid is the plugin's.
-                let mut c = Command::new("unshare");
-                c.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
-                    .arg(format!(
-                        "mount -t tmpfs -o size={bytes} tessera-state \"$0\" && exec \"$@\""
-                    ))
-                    .arg(self.state_dir())
+            Some(volume) => {
+                // nsenter execs the plugin, so the child's pid is the plugin's.
+                let mut c = Command::new("nsenter");
+                c.args(["-t", &volume.pid(), "-m", "--"])
                     .arg(plugin_binary()?);
                 c
             }
@@ -275,7 +359,7 @@ impl SimNode {
             .arg("--cdi-dir")
             .arg(self.cdi_dir())
             .arg("--state-dir")
-            .arg(self.state_dir())
+            .arg(self.state_mount_point())
             .arg("--boot-id-file")
             .arg(self.root.join("boot_id"))
             // Where the simulated driver publishes its MIG capability files.
@@ -359,30 +443,15 @@ impl SimNode {
         self.finish_roll(next).await
     }
 
-    /// Runs `script` (sh) in the plugin's mount namespace, where its state directory is
-    /// `$0`; the plugin must have been started by
+    /// Runs `script` (sh) in the state volume's mount namespace, where the state directory
+    /// is `$0`; the node must have been started by
     /// [`SimNode::start_with_small_state_dir`]. Returns whether the script succeeded.
     fn in_plugin_mounts(&self, script: &str) -> anyhow::Result<bool> {
-        anyhow::ensure!(
-            self.state_tmpfs.is_some(),
-            "the plugin has no state directory of its own"
-        );
-        let child = self.process.as_ref().context("no plugin is running")?;
-        let status = Command::new("nsenter")
-            .args([
-                "-t",
-                &child.id().to_string(),
-                "-m",
-                "--",
-                "sh",
-                "-c",
-                script,
-            ])
-            .arg(self.state_dir())
-            .stderr(Stdio::null())
-            .status()
-            .context("running nsenter")?;
-        Ok(status.success())
+        let volume = self
+            .state_volume
+            .as_ref()
+            .context("the plugin has no state directory of its own")?;
+        volume.run(&self.state_mount_point(), script)
     }
 
     /// Makes the plugin's state directory read-only (`true`) or writable again, as a
@@ -528,8 +597,17 @@ impl SimNode {
         self.run.path().join("cdi")
     }
 
-    /// Plugin state directory (checkpoint).
+    /// Plugin state directory (checkpoint), as this process can read and write it (through
+    /// the state volume's namespace when the node has one).
     pub fn state_dir(&self) -> PathBuf {
+        match &self.state_volume {
+            Some(v) => v.view(&self.state_mount_point()),
+            None => self.state_mount_point(),
+        }
+    }
+
+    /// The state directory as the plugin names it.
+    fn state_mount_point(&self) -> PathBuf {
         self.root.join("state")
     }
 

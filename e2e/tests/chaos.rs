@@ -28,6 +28,7 @@ async fn a_short_fault_campaign_breaks_no_invariant() {
         "etcd-outage",
         "torn-checkpoint",
         "plugin-upgrade",
+        "state-dir",
     ] {
         assert!(
             report.faults.get(kind).copied().unwrap_or(0) > 0,
@@ -35,6 +36,12 @@ async fn a_short_fault_campaign_breaks_no_invariant() {
         );
     }
     assert!(report.violations.is_empty(), "{report}");
+    // The broken state directory met a prepare (refused, then run once repaired).
+    assert_eq!(
+        report.state_dir_refusals.values().sum::<u64>(),
+        report.faults["state-dir"],
+        "{report}"
+    );
     assert!(report.pods_created > 0 && report.checks > report.steps);
     // Faults amid a workload that runs, not amid pods that never start.
     assert!(report.pods_running_max >= 3, "{report}");

@@ -14,9 +14,9 @@ pub struct Args {
     /// Seed of every random choice (a run replays with its seed); random when absent.
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Faults to inject (plugin crashes in ten of every 18 steps, every other kind once;
-    /// 1,800 steps make the long run's thousand crashes).
-    #[arg(long, default_value_t = 72)]
+    /// Faults to inject (plugin crashes in ten of every 19 steps, every other kind once;
+    /// 1,900 steps make the long run's thousand crashes).
+    #[arg(long, default_value_t = 76)]
     pub steps: u64,
     /// Also write the report here, as JSON.
     #[arg(long)]

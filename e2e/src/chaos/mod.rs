@@ -89,6 +89,9 @@ pub enum Fault {
     /// The plugin is upgraded as the DaemonSet rolls it: a new instance next to the old
     /// one takes the node over while a pod for it arrives.
     PluginUpgrade,
+    /// The plugin's state directory turns read-only or fills up while a pod for the node
+    /// arrives, and recovers.
+    StateDir,
 }
 
 impl Fault {
@@ -105,15 +108,16 @@ impl Fault {
             Fault::EtcdOutage => "etcd-outage",
             Fault::TornCheckpoint => "torn-checkpoint",
             Fault::PluginUpgrade => "plugin-upgrade",
+            Fault::StateDir => "state-dir",
         }
     }
 }
 
-/// The order faults come in: plugin crashes (kills and aborts) in ten of every eighteen
-/// steps, every other kind once in each eighteen, so a run of 1,800 steps makes the
+/// The order faults come in: plugin crashes (kills and aborts) in ten of every nineteen
+/// steps, every other kind once in each nineteen, so a run of 1,900 steps makes the
 /// issue's thousand plugin crashes and a hundred of every other kind, and even a short
 /// run covers all.
-pub const SCHEDULE: [Fault; 18] = [
+pub const SCHEDULE: [Fault; 19] = [
     Fault::PluginKill,
     Fault::PluginAbort,
     Fault::PluginKill,
@@ -132,10 +136,30 @@ pub const SCHEDULE: [Fault; 18] = [
     Fault::TornCheckpoint,
     Fault::PluginKill,
     Fault::PluginUpgrade,
+    Fault::StateDir,
 ];
+
+/// The size of each node's state directory (a tmpfs the campaign can fill).
+const STATE_DIR_BYTES: u64 = 8 << 20;
+/// How long a broken state directory waits for the prepare of the pod sent to meet it.
+const STATE_FAULT_WAIT: Duration = Duration::from_secs(20);
 
 /// How long etcd stays down in an outage.
 const ETCD_DOWN: Duration = Duration::from_secs(3);
+
+/// Whether the kubelet reported a failed prepare for `pod` (its
+/// `FailedPrepareDynamicResources` event).
+async fn prepare_refused(client: &kube::Client, pod: &str) -> bool {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), NAMESPACE);
+    events
+        .list(&ListParams::default().fields(&format!("involvedObject.name={pod}")))
+        .await
+        .is_ok_and(|l| {
+            l.items
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("FailedPrepareDynamicResources"))
+        })
+}
 
 /// A shape of the workload and the node whose policy offers it.
 struct Shape {
@@ -277,7 +301,16 @@ pub async fn run(
     let mut nodes = Vec::new();
     for (name, pool, inventory) in NODES {
         progress(&format!("starting node {name} (pool {pool})"));
-        nodes.push(SimNode::start_in_pool(&*cp, name, pool, inventory).await?);
+        nodes.push(
+            SimNode::start_in_pool_with_small_state_dir(
+                &*cp,
+                name,
+                pool,
+                inventory,
+                STATE_DIR_BYTES,
+            )
+            .await?,
+        );
     }
     progress("starting two operator replicas (leader election)");
     let operators = vec![
@@ -547,7 +580,80 @@ impl Campaign<'_> {
                 self.serving(node).await?;
                 self.report.recovered(name, took);
             }
+            Fault::StateDir => self.break_state_dir().await?,
         }
+        Ok(())
+    }
+
+    /// Makes a node's state directory read-only or full (after a pod of the shape left, so
+    /// there is room), sends a pod there, waits for its prepare to be refused, and repairs
+    /// the directory; recovery is the repair to the
+    /// pod running (the kubelet's retry prepares it), or to the plugin answering ready when
+    /// no prepare came (the pod waits for capacity elsewhere).
+    async fn break_state_dir(&mut self) -> anyhow::Result<()> {
+        let all = shapes();
+        // The A100's shape waits for the planner, so its pod may never be prepared.
+        let shape = all
+            .iter()
+            .filter(|s| s.name != "a100-4g")
+            .collect::<Vec<_>>()
+            .choose(&mut self.rng)
+            .copied()
+            .context("no shapes")?;
+        let node = shape.node;
+        let read_only = self.rng.random_bool(0.5);
+        let how = if read_only { "read-only" } else { "full" };
+        // Room for the pod first: one of its shape leaves, and its unprepare completes
+        // while the directory still takes writes.
+        if let Some(old) = self
+            .live
+            .iter()
+            .find(|p| p.starts_with(&format!("{}-", shape.name)))
+            .cloned()
+        {
+            self.live.retain(|p| p != &old);
+            self.delete_pod(&old).await?;
+            let pods: Api<Pod> = Api::namespaced(self.client.clone(), NAMESPACE);
+            eventually(&format!("{old} to be gone"), SETTLE, || async {
+                matches!(pods.get_opt(&old).await, Ok(None)).then_some(())
+            })
+            .await?;
+        }
+        {
+            let n = self.node_mut(node)?;
+            if read_only {
+                n.state_dir_read_only(true)?;
+            } else {
+                n.fill_state_dir(true)?;
+            }
+        }
+        let pod = self.create_pod(shape).await?;
+        let refused = eventually(
+            &format!("the prepare of {pod} to be refused on the {how} state directory"),
+            STATE_FAULT_WAIT,
+            || async { prepare_refused(&self.client, &pod).await.then_some(()) },
+        )
+        .await
+        .is_ok();
+        let t0 = Instant::now();
+        {
+            let n = self.node_mut(node)?;
+            if read_only {
+                n.state_dir_read_only(false)?;
+            } else {
+                n.fill_state_dir(false)?;
+            }
+        }
+        if refused {
+            *self
+                .report
+                .state_dir_refusals
+                .entry(how.to_string())
+                .or_insert(0) += 1;
+            cluster::wait_pod_running(&self.client, NAMESPACE, &pod, SETTLE).await?;
+        }
+        self.serving(node).await?;
+        self.report.recovered(Fault::StateDir.name(), t0.elapsed());
         Ok(())
     }
 
@@ -663,11 +769,19 @@ impl Campaign<'_> {
             }
         };
         if !died {
-            (self.progress)(&format!("abort {point} on {node} not reached; disarmed"));
+            (self.progress)(&format!(
+                "abort {point} on {node} not reached; disarmed, the plugin is killed instead"
+            ));
             // Nothing reached the point (the pod waits elsewhere, or its GPU was in the
-            // shape already): disarm, so it cannot fire during a later fault.
+            // shape already): disarm, so it cannot fire during a later fault, and crash
+            // the plugin where it is, so every step of this kind is a crash.
             std::fs::write(&control.0, "{}")?;
             self.report.aborts_not_reached += 1;
+            let t0 = Instant::now();
+            self.node_mut(node)?.restart().await?;
+            self.serving(node).await?;
+            self.report
+                .recovered(Fault::PluginAbort.name(), t0.elapsed());
             return Ok(());
         }
         *self

@@ -33,8 +33,12 @@ pub struct Report {
     /// driver's `abortAfter`) or `at <crash point>` (the plugin's own, between two file
     /// writes).
     pub abort_points: BTreeMap<String, u64>,
-    /// Armed aborts that no operation reached before they were disarmed.
+    /// Armed aborts that no operation reached before they were disarmed (the plugin was
+    /// killed instead).
     pub aborts_not_reached: u64,
+    /// State-directory faults that a prepare met (refused, then retried once repaired),
+    /// by `read-only` / `full`.
+    pub state_dir_refusals: BTreeMap<String, u64>,
     /// Invariant checks run.
     pub checks: u64,
     /// Pods created and deleted by the workload.
@@ -113,8 +117,20 @@ impl fmt::Display for Report {
         if self.aborts_not_reached > 0 {
             writeln!(
                 f,
-                "({} armed aborts were not reached by any operation and were disarmed)",
+                "({} armed aborts were not reached by any operation: disarmed, and the plugin killed instead)",
                 self.aborts_not_reached
+            )?;
+        }
+        if !self.state_dir_refusals.is_empty() {
+            let how: Vec<String> = self
+                .state_dir_refusals
+                .iter()
+                .map(|(k, n)| format!("{k} {n}"))
+                .collect();
+            writeln!(
+                f,
+                "prepares refused by a broken state directory, then run once repaired: {}",
+                how.join(", ")
             )?;
         }
         if self.violations.is_empty() {
