@@ -17,9 +17,11 @@
 //!   once (a move is on its way until it ends, see [`crate::transitions`]); the next pass
 //!   sees what the first did.
 //!
-//! A GPU holds its model's MIG compute slices, 100 % of MPS compute and `mps.maxClients`
-//! clients, `timeSlicing.maxClients` time-slices, or one whole-GPU claim. A claim larger
-//! than one GPU takes the whole of each GPU moved for it on the node of the first.
+//! A GPU holds the MIG partitions that fit it, each placed where the plugin would place
+//! it (the placement it publishes first, `tessera_gpu::order`, on what the GPU holds
+//! already), 100 % of MPS compute and `mps.maxClients` clients, `timeSlicing.maxClients`
+//! time-slices, or one whole-GPU claim. A claim larger than one GPU takes what fits of
+//! each GPU moved for it on the node of the first.
 //!
 //! The plugin's hand-over (see the plugin's `fence` module) is the last word: a claim
 //! allocated while the change is on its way keeps the GPU in its old shape.
@@ -32,6 +34,11 @@ use std::{
 use tessera_api::{
     gpunode::{GpuHealth, GpuState},
     policy::SharingStrategy,
+};
+use tessera_gpu::{
+    catalog::MigLayout,
+    geometry::{Occupancy, Placement},
+    order::choose_placement,
 };
 
 use crate::{
@@ -144,10 +151,12 @@ pub fn plan(
                 continue;
             };
             let holds = |node: &str, index: u32| {
-                let slices = gpu_state(snapshot, node, index)
-                    .and_then(|g| tessera_gpu::find_model(&g.product_name).ok())
-                    .and_then(|m| m.mig.as_ref().map(|l| u32::from(l.compute_slices)));
-                Capacity::of(*strategy, slices, mps_clients, time_slices)
+                Holds::of(
+                    *strategy,
+                    gpu_state(snapshot, node, index),
+                    mps_clients,
+                    time_slices,
+                )
             };
             for (node, index, _, _) in gpus.iter().filter(|(_, _, s, idle)| s == strategy && *idle)
             {
@@ -199,11 +208,13 @@ const DEFAULT_TIME_SLICES: u32 = 4;
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct ClaimNeed<'d> {
     pods: &'d BTreeSet<String>,
-    /// MIG compute slices, MPS compute percent, or devices (whole GPUs, time-slices),
-    /// still to be found.
+    /// MPS compute percent or devices (MIG partitions, whole GPUs, time-slices), still to
+    /// be found.
     units: u32,
     /// Devices it asks (MPS clients).
     devices: u32,
+    /// MIG: the profile of each partition still to be found (`None`: any).
+    profiles: Vec<Option<&'d str>>,
     /// The node a claim larger than one GPU started on: the rest must be there too.
     node: Option<&'d str>,
 }
@@ -215,70 +226,150 @@ impl ClaimNeed<'_> {
 }
 
 /// What one GPU of a strategy holds.
-#[derive(Clone, Copy, Debug)]
-struct Capacity {
-    units: u32,
-    /// Devices (MPS clients, time-slices); unbounded elsewhere.
-    claims: u32,
+#[derive(Clone, Debug)]
+enum Holds {
+    /// MPS compute percent and clients, time-slices, or one whole GPU.
+    Units { units: u32, full: u32, slots: u32 },
+    /// MIG partitions, placed as the plugin would: each profile at the placement it
+    /// publishes first (`tessera_gpu::order`), on what the GPU already holds.
+    Mig {
+        layout: &'static MigLayout,
+        occupancy: Occupancy,
+        next_tag: u32,
+    },
 }
 
-impl Capacity {
+impl Holds {
     fn of(
         strategy: SharingStrategy,
-        mig_slices: Option<u32>,
+        gpu: Option<&GpuState>,
         mps_clients: u32,
         time_slices: u32,
     ) -> Self {
-        let (units, claims) = match strategy {
-            SharingStrategy::Mig => (mig_slices.unwrap_or(7), u32::MAX),
-            SharingStrategy::Mps => (100, mps_clients),
-            SharingStrategy::TimeSlicing => (time_slices, time_slices),
-            SharingStrategy::Exclusive | SharingStrategy::Adaptive => (1, u32::MAX),
-        };
-        Self {
+        let units = |units: u32, slots: u32| Holds::Units {
             units: units.max(1),
-            claims: claims.max(1),
+            full: units.max(1),
+            slots: slots.max(1),
+        };
+        match strategy {
+            SharingStrategy::Mig => {
+                let Some(layout) = gpu
+                    .and_then(|g| tessera_gpu::find_model(&g.product_name).ok())
+                    .and_then(|m| m.mig.as_ref())
+                else {
+                    return units(0, 0);
+                };
+                let mut occupancy = Occupancy::new();
+                let mut next_tag = 0;
+                // What the GPU holds already (a partition another tool made) stays.
+                for i in gpu.map(|g| g.instances.as_slice()).unwrap_or_default() {
+                    let at = layout.profile_by_name(&i.profile).and_then(|p| {
+                        Some(Placement {
+                            profile_id: p.profile_id,
+                            start: u8::try_from(i.placement_start).ok()?,
+                        })
+                    });
+                    if let Some(at) = at
+                        && occupancy.place(layout, at, next_tag).is_ok()
+                    {
+                        next_tag += 1;
+                    }
+                }
+                Holds::Mig {
+                    layout,
+                    occupancy,
+                    next_tag,
+                }
+            }
+            SharingStrategy::Mps => units(100, mps_clients),
+            SharingStrategy::TimeSlicing => units(time_slices, time_slices),
+            SharingStrategy::Exclusive | SharingStrategy::Adaptive => units(1, u32::MAX),
+        }
+    }
+
+    /// Takes what it can of `c`: all of it, or, on a GPU that holds nothing yet, the part
+    /// of a claim larger than one GPU that fits. Returns the units taken.
+    fn take(&mut self, c: &ClaimNeed<'_>) -> u32 {
+        match self {
+            Holds::Units { units, full, slots } => {
+                if *units == 0 || *slots == 0 || c.devices > *slots {
+                    return 0;
+                }
+                let take = if c.units <= *units {
+                    c.units
+                } else if units == full {
+                    *units
+                } else {
+                    return 0;
+                };
+                *units -= take;
+                *slots -= c.devices.min(*slots);
+                take
+            }
+            Holds::Mig {
+                layout,
+                occupancy,
+                next_tag,
+            } => {
+                let mut trial = occupancy.clone();
+                let mut tag = *next_tag;
+                let mut placed = 0;
+                for profile in &c.profiles {
+                    let id = match profile {
+                        Some(name) => layout.profile_by_name(name).map(|p| p.profile_id),
+                        // Any partition: the scheduler takes the first published, the
+                        // smallest profile's.
+                        None => layout.profiles.first().map(|p| p.profile_id),
+                    };
+                    let Some(at) = id.and_then(|id| choose_placement(layout, &trial, id)) else {
+                        break;
+                    };
+                    if trial.place(layout, at, tag).is_err() {
+                        break;
+                    }
+                    tag += 1;
+                    placed += 1;
+                }
+                let all = usize::try_from(placed).is_ok_and(|n| n == c.profiles.len());
+                if placed == 0 || !(all || occupancy.is_empty()) {
+                    return 0;
+                }
+                *occupancy = trial;
+                *next_tag = tag;
+                placed
+            }
         }
     }
 }
 
-/// Gives one GPU of `node` holding `capacity` to the claims that fit it, in order: a
-/// claim takes the GPU's room if its units fit what is left and its pods fit the node
+/// Gives one GPU of `node` to the claims that fit it, in order: a claim takes the GPU's
+/// room if what it asks fits what is left ([`Holds::take`]) and its pods fit the node
 /// (taken in `ledger`); a claim larger than a GPU takes a whole one and keeps to that
 /// node. Returns how many claims it took.
 fn fill<'d>(
     claims: &mut [ClaimNeed<'d>],
     node: &'d str,
-    capacity: Capacity,
+    mut holds: Holds,
     ledger: &mut Ledger<'_>,
 ) -> u32 {
-    let mut units = capacity.units;
-    let mut slots = capacity.claims;
     let mut took = 0;
     for c in claims.iter_mut().filter(|c| !c.placed()) {
-        if units == 0 || slots == 0 {
-            break;
-        }
-        if c.node.is_some_and(|n| n != node)
-            || (c.node.is_none() && !ledger.fits(c.pods, node))
-            || c.devices > slots
-        {
+        if c.node.is_some_and(|n| n != node) || (c.node.is_none() && !ledger.fits(c.pods, node)) {
             continue;
         }
-        let take = if c.units <= units {
-            c.units
-        } else if units == capacity.units {
-            units
-        } else {
+        let taken = holds.take(c);
+        if taken == 0 {
             continue;
-        };
+        }
         if c.node.is_none() {
             ledger.take(c.pods, node);
             c.node = Some(node);
         }
-        c.units -= take;
-        units -= take;
-        slots -= c.devices.min(slots);
+        c.units -= taken;
+        let done = usize::try_from(taken)
+            .unwrap_or(usize::MAX)
+            .min(c.profiles.len());
+        c.profiles.drain(..done);
         took += 1;
     }
     took
@@ -292,7 +383,7 @@ fn wanted<'d>(
 ) -> BTreeMap<SharingStrategy, Vec<ClaimNeed<'d>>> {
     let mut out: BTreeMap<SharingStrategy, Vec<ClaimNeed<'d>>> = BTreeMap::new();
     for c in demand.pending.values() {
-        let mut per: BTreeMap<SharingStrategy, (u32, u32)> = BTreeMap::new();
+        let mut per: BTreeMap<SharingStrategy, (u32, u32, Vec<Option<&'d str>>)> = BTreeMap::new();
         for r in &c.requests {
             let Some((shape, devices)) = r
                 .alternatives
@@ -301,28 +392,27 @@ fn wanted<'d>(
             else {
                 continue;
             };
-            let units = match shape {
-                Shape::Mig { profile } => {
-                    profile
-                        .as_deref()
-                        .and_then(|p| p.split('g').next()?.parse::<u32>().ok())
-                        .unwrap_or(1)
-                        * devices
-                }
+            let e = per.entry(shape.strategy()).or_default();
+            e.0 += match shape {
                 Shape::Mps {
                     compute_percent, ..
                 } => compute_percent.unwrap_or(1).max(1) * devices,
+                Shape::Mig { profile } => {
+                    for _ in 0..*devices {
+                        e.2.push(profile.as_deref());
+                    }
+                    *devices
+                }
                 Shape::Whole | Shape::TimeSlice => *devices,
             };
-            let e = per.entry(shape.strategy()).or_default();
-            e.0 += units;
             e.1 += devices;
         }
-        for (strategy, (units, devices)) in per {
+        for (strategy, (units, devices, profiles)) in per {
             out.entry(strategy).or_default().push(ClaimNeed {
                 pods: &c.pods,
                 units,
                 devices,
+                profiles,
                 node: None,
             });
         }

@@ -435,3 +435,58 @@ fn a_claim_larger_than_a_gpu_takes_gpus_on_one_node() {
         [("a".into(), 0, mig, ex, 1)]
     );
 }
+
+#[test]
+fn mig_claims_are_placed_as_the_plugin_would_place_them() {
+    let (mig, ex) = (SharingStrategy::Mig, SharingStrategy::Exclusive);
+    let mut s = three_nodes(adaptive(vec![mig, ex], None));
+    let mut r = resolve(&s);
+    for n in ["a", "b", "c"] {
+        r.specs.get_mut(n).unwrap().gpus[0].strategy = ex;
+        s.nodes.get_mut(n).unwrap().spec = r.specs[n].clone();
+    }
+    let mut d = Demand::default();
+    for (i, p) in ["3g.40gb", "3g.40gb", "1g.10gb"].iter().enumerate() {
+        let one = wants(
+            Shape::Mig {
+                profile: Some((*p).into()),
+            },
+            1,
+        );
+        let mut c = one.pending["ns/c0"].clone();
+        c.claim = format!("ns/c{i}");
+        d.pending.insert(c.claim.clone(), c);
+    }
+    // Seven compute slices, but two 3g take all eight memory slices of an H100: the 1g
+    // needs a second GPU.
+    assert_eq!(
+        planned_in(&s, &d, &Rooms::default()),
+        [("a".into(), 0, ex, mig, 2), ("b".into(), 0, ex, mig, 1)]
+    );
+}
+
+#[test]
+fn a_profile_the_gpu_does_not_have_moves_nothing() {
+    let (mig, mps) = (SharingStrategy::Mig, SharingStrategy::Mps);
+    let mut p = adaptive(vec![mig, mps], None);
+    p.spec.repartition = Some(RepartitionPolicy {
+        allow_gpu_reset: true,
+        drain_timeout: None,
+    });
+    let mut s = snapshot(p, vec![("a", node(vec![gpu(0, A100, false)], &[]))]);
+    let mut r = resolve(&s);
+    r.specs.get_mut("a").unwrap().gpus[0].strategy = mps;
+    s.nodes.get_mut("a").unwrap().spec = r.specs["a"].clone();
+    // The A100-40GB's whole-GPU profile is 7g.40gb.
+    let eighty = Shape::Mig {
+        profile: Some("7g.80gb".into()),
+    };
+    assert!(planned_in(&s, &wants(eighty, 1), &Rooms::default()).is_empty());
+    let forty = Shape::Mig {
+        profile: Some("7g.40gb".into()),
+    };
+    assert_eq!(
+        planned_in(&s, &wants(forty, 1), &Rooms::default()),
+        [("a".into(), 0, mps, mig, 1)]
+    );
+}
