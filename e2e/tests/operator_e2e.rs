@@ -1607,6 +1607,19 @@ async fn a_pod_asking_an_extended_resource_of_a_tessera_class_moves_an_idle_gpu_
     assert_eq!(devices, ["gpu-0-mps"]);
 }
 
+/// Creates the pod `manifest` describes and waits until it runs.
+async fn create_and_run(client: &Client, manifest: serde_json::Value) {
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(manifest).unwrap();
+    let name = pod.metadata.name.clone().unwrap();
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    cluster::wait_pod_running(client, NS, &name, WAIT)
+        .await
+        .unwrap();
+}
+
 /// The planner moves the idle GPU of a node where the waiting pod can run, not the first
 /// one by name: node `fit-a`'s CPU is taken by a running pod, so its GPU stays MIG and
 /// `fit-b`'s becomes MPS.
@@ -1639,15 +1652,7 @@ async fn an_idle_gpu_moves_on_a_node_where_the_waiting_pod_can_run() {
                             "resources": {"requests": {"cpu": format!("{}m", cpu - 500)}}}]
         }
     });
-    pods.create(
-        &PostParams::default(),
-        &serde_json::from_value(hog).unwrap(),
-    )
-    .await
-    .unwrap();
-    cluster::wait_pod_running(&client, NS, "cpu-hog", WAIT)
-        .await
-        .unwrap();
+    create_and_run(&client, hog).await;
 
     // An MPS share for a pod asking one CPU: only fit-b can run it.
     let template = json!({
@@ -1674,15 +1679,7 @@ async fn an_idle_gpu_moves_on_a_node_where_the_waiting_pod_can_run() {
             "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "share"}]
         }
     });
-    pods.create(
-        &PostParams::default(),
-        &serde_json::from_value(share).unwrap(),
-    )
-    .await
-    .unwrap();
-    cluster::wait_pod_running(&client, NS, "share", WAIT)
-        .await
-        .unwrap();
+    create_and_run(&client, share).await;
     let on = pods.get("share").await.unwrap().spec.unwrap().node_name;
     assert_eq!(on.as_deref(), Some("fit-b"));
     assert_eq!(
