@@ -5,8 +5,8 @@
 //! claims ask for (see [`crate::demand`]), the claims taken in name order:
 //! - a claim goes where its pods could run ([`crate::room`]: CPU, memory, node selector
 //!   and affinity, taints), counting what the claims placed before it take there;
-//! - the policy's idle GPUs that already have the strategy (or are on their way to it)
-//!   take the claims that fit them first: the scheduler can place those (free capacity
+//! - the policy's idle, healthy GPUs that already have the strategy (or are on their
+//!   way to it) take the claims that fit them first: the scheduler can place those (free capacity
 //!   is the scheduler's);
 //! - then GPUs are moved to the strategy, one after the other, each for the claims that
 //!   fit it, taken from GPUs that hold no allocation, are healthy, have kept their shape
@@ -158,7 +158,13 @@ pub fn plan(
                     time_slices,
                 )
             };
-            for (node, index, _, _) in gpus.iter().filter(|(_, _, s, idle)| s == strategy && *idle)
+            // An unhealthy GPU's devices are tainted: the scheduler cannot place there.
+            let healthy = |node: &str, index: u32| {
+                gpu_state(snapshot, node, index).is_none_or(|g| g.health != GpuHealth::Unhealthy)
+            };
+            for (node, index, _, _) in gpus
+                .iter()
+                .filter(|(n, i, s, idle)| s == strategy && *idle && healthy(n, *i))
             {
                 fill(claims, node, holds(node, *index), &mut ledger);
             }
@@ -257,7 +263,12 @@ impl Holds {
                     .and_then(|g| tessera_gpu::find_model(&g.product_name).ok())
                     .and_then(|m| m.mig.as_ref())
                 else {
-                    return units(0, 0);
+                    // A model without MIG (or one the catalogue lacks) holds no partition.
+                    return Holds::Units {
+                        units: 0,
+                        full: 0,
+                        slots: 0,
+                    };
                 };
                 let mut occupancy = Occupancy::new();
                 let mut next_tag = 0;

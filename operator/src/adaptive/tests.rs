@@ -490,3 +490,40 @@ fn a_profile_the_gpu_does_not_have_moves_nothing() {
         [("a".into(), 0, mps, mig, 1)]
     );
 }
+
+#[test]
+fn a_gpu_the_catalogue_has_no_mig_layout_for_takes_no_mig_claim() {
+    let holds = Holds::of(
+        SharingStrategy::Mig,
+        Some(&gpu(0, "NVIDIA L4", false)),
+        8,
+        4,
+    );
+    let pods = BTreeSet::new();
+    let claim = ClaimNeed {
+        pods: &pods,
+        units: 1,
+        devices: 1,
+        profiles: vec![None],
+        node: None,
+    };
+    assert_eq!(holds.clone().take(&claim), 0, "{holds:?}");
+}
+
+#[test]
+fn an_unhealthy_idle_gpu_in_the_strategy_does_not_hold_the_demand_back() {
+    let (mig, mps) = (SharingStrategy::Mig, SharingStrategy::Mps);
+    let mut sick = gpu(0, H100, true);
+    sick.health = tessera_api::gpunode::GpuHealth::Unhealthy;
+    let mut s = snapshot(
+        adaptive(MIG_MPS.to_vec(), None),
+        vec![("a", node(vec![sick, gpu(1, H100, true)], &[]))],
+    );
+    let mut r = resolve(&s);
+    r.specs.get_mut("a").unwrap().gpus[0].strategy = mps;
+    s.nodes.get_mut("a").unwrap().spec = r.specs["a"].clone();
+    assert_eq!(
+        planned_in(&s, &wants(mps_share(), 1), &Rooms::default()),
+        [("a".into(), 1, mig, mps, 1)]
+    );
+}
