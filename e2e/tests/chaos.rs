@@ -36,6 +36,13 @@ async fn a_short_fault_campaign_breaks_no_invariant() {
         );
     }
     assert!(report.violations.is_empty(), "{report}");
+    // The broken state directory met a prepare (refused, then run once repaired); a pod
+    // that ran on it would be a prepare that wrote no record.
+    assert_eq!(
+        report.state_dir_refusals.values().sum::<u64>(),
+        report.faults["state-dir"],
+        "{report}"
+    );
     assert!(report.pods_created > 0 && report.checks > report.steps);
     // Faults amid a workload that runs, not amid pods that never start.
     assert!(report.pods_running_max >= 3, "{report}");

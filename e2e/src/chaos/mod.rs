@@ -141,8 +141,6 @@ pub const SCHEDULE: [Fault; 19] = [
 
 /// The size of each node's state directory (a tmpfs the campaign can fill).
 const STATE_DIR_BYTES: u64 = 8 << 20;
-/// How long a broken state directory waits for the prepare of the pod sent to meet it.
-const STATE_FAULT_WAIT: Duration = Duration::from_secs(20);
 
 /// How long etcd stays down in an outage.
 const ETCD_DOWN: Duration = Duration::from_secs(3);
@@ -628,13 +626,26 @@ impl Campaign<'_> {
             }
         }
         let pod = self.create_pod(shape).await?;
+        // The wait is for the kubelet's verdict, not a fixed time: the scheduler may take a
+        // while to see the departed pod's device free, and only then is there a prepare to
+        // refuse. A pod that runs on the broken directory is a prepare that was not refused.
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), NAMESPACE);
         let refused = eventually(
-            &format!("the prepare of {pod} to be refused on the {how} state directory"),
-            STATE_FAULT_WAIT,
-            || async { prepare_refused(&self.client, &pod).await.then_some(()) },
+            &format!("the prepare of {pod} to meet the {how} state directory"),
+            SETTLE,
+            || async {
+                if prepare_refused(&self.client, &pod).await {
+                    return Some(true);
+                }
+                let running =
+                    pods.get_opt(&pod).await.ok().flatten().is_some_and(|p| {
+                        p.status.and_then(|s| s.phase).as_deref() == Some("Running")
+                    });
+                running.then_some(false)
+            },
         )
         .await
-        .is_ok();
+        .unwrap_or(false);
         let t0 = Instant::now();
         {
             let n = self.node_mut(node)?;
