@@ -591,27 +591,47 @@ impl Campaign<'_> {
     async fn break_state_dir(&mut self) -> anyhow::Result<()> {
         let all = shapes();
         // The A100's shape waits for the planner, so its pod may never be prepared.
-        let shape = all
+        let eligible: Vec<&Shape> = all.iter().filter(|s| s.name != "a100-4g").collect();
+        // A shape with a pod running leaves room for the new pod when that pod goes; any
+        // other shape's pod may find its node full and meet no prepare at all.
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let running: Vec<String> = pods
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .filter_map(|p| p.metadata.name)
+            .filter(|n| self.live.contains(n))
+            .collect();
+        let with_room: Vec<&Shape> = eligible
             .iter()
-            .filter(|s| s.name != "a100-4g")
-            .collect::<Vec<_>>()
-            .choose(&mut self.rng)
             .copied()
-            .context("no shapes")?;
+            .filter(|s| {
+                let prefix = format!("{}-", s.name);
+                running.iter().any(|p| p.starts_with(&prefix))
+            })
+            .collect();
+        let pick = if with_room.is_empty() {
+            &eligible
+        } else {
+            &with_room
+        };
+        let shape = pick.choose(&mut self.rng).copied().context("no shapes")?;
         let node = shape.node;
         let read_only = self.rng.random_bool(0.5);
         let how = if read_only { "read-only" } else { "full" };
         // Room for the pod first: one of its shape leaves, and its unprepare completes
         // while the directory still takes writes.
-        if let Some(old) = self
-            .live
+        let prefix = format!("{}-", shape.name);
+        let old = running
             .iter()
-            .find(|p| p.starts_with(&format!("{}-", shape.name)))
-            .cloned()
-        {
+            .find(|p| p.starts_with(&prefix))
+            .or_else(|| self.live.iter().find(|p| p.starts_with(&prefix)))
+            .cloned();
+        if let Some(old) = old {
             self.live.retain(|p| p != &old);
             self.delete_pod(&old).await?;
-            let pods: Api<Pod> = Api::namespaced(self.client.clone(), NAMESPACE);
             eventually(&format!("{old} to be gone"), SETTLE, || async {
                 matches!(pods.get_opt(&old).await, Ok(None)).then_some(())
             })
@@ -629,7 +649,6 @@ impl Campaign<'_> {
         // The wait is for the kubelet's verdict, not a fixed time: the scheduler may take a
         // while to see the departed pod's device free, and only then is there a prepare to
         // refuse. A pod that runs on the broken directory is a prepare that was not refused.
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), NAMESPACE);
         let refused = eventually(
             &format!("the prepare of {pod} to meet the {how} state directory"),
             SETTLE,
