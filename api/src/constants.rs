@@ -41,6 +41,18 @@ pub const UNHEALTHY_TAINT_KEY: &str = "gpu.tessera.dev/unhealthy";
 /// allocation lands on the old shape while the plugin checks that none did.
 pub const RECONFIGURING_TAINT_KEY: &str = "gpu.tessera.dev/reconfiguring";
 
+/// Binding condition (KEP-5007) of a device that stands for a shape its GPU does not have
+/// yet: the plugin sets it `True` in the claim's `status.devices` once it has switched the
+/// GPU, and the scheduler binds the pod then.
+pub const SWITCHED_CONDITION: &str = "gpu.tessera.dev/switched";
+/// Binding failure condition of the same devices: `True` when the plugin cannot switch the
+/// GPU; the scheduler then frees the allocation and schedules the pod again.
+pub const SWITCH_FAILED_CONDITION: &str = "gpu.tessera.dev/switch-failed";
+/// Field manager of the plugin's binding-condition writes, apart from
+/// [`PLUGIN_FIELD_MANAGER`]'s `status.devices` entries so neither write drops the other's
+/// fields.
+pub const PLUGIN_BINDING_FIELD_MANAGER: &str = "tessera-plugin-binding";
+
 /// CDI vendor of a driver's devices: `k8s.<driver name>`, as the reference drivers use.
 pub fn cdi_vendor(driver_name: &str) -> String {
     format!("k8s.{driver_name}")

@@ -76,6 +76,50 @@ pub struct GpuConfig {
     /// A30).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_gpu_reset: bool,
+    /// (Adaptive with `bindingConditions`) the strategies this GPU may be switched to when
+    /// the scheduler allocates one of their devices: the plugin publishes them with
+    /// binding conditions, after every ready device.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 3))]
+    pub alternatives: Vec<GpuShape>,
+}
+
+/// A strategy a GPU may be switched to, with its settings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "self.strategy != 'Adaptive'",
+     "message": "an alternative is a concrete strategy: MIG, MPS, TimeSlicing or Exclusive"},
+    {"rule": "self.strategy != 'MIG' || has(self.mig)",
+     "message": "strategy MIG needs a mig block"}
+]))]
+pub struct GpuShape {
+    /// The strategy.
+    pub strategy: SharingStrategy,
+    /// MIG settings, with strategy MIG.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<GpuMigConfig>,
+    /// MPS settings, with strategy MPS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps: Option<MpsPolicy>,
+    /// Time-slicing settings, with strategy TimeSlicing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_slicing: Option<TimeSlicingPolicy>,
+}
+
+impl GpuConfig {
+    /// The configuration the GPU has once switched to `shape` (same GPU, policy and
+    /// reset permission; no alternatives of its own).
+    pub fn switched_to(&self, shape: &GpuShape) -> GpuConfig {
+        GpuConfig {
+            strategy: shape.strategy,
+            mig: shape.mig.clone(),
+            mps: shape.mps.clone(),
+            time_slicing: shape.time_slicing.clone(),
+            alternatives: Vec::new(),
+            ..self.clone()
+        }
+    }
 }
 
 /// MIG configuration of one GPU.

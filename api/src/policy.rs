@@ -321,6 +321,14 @@ pub struct AdaptivePolicy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "schema::duration")]
     pub cooldown: Option<String>,
+    /// Also let the scheduler switch GPUs (Kubernetes 1.36+, KEP-5007 binding conditions):
+    /// each GPU past its cooldown publishes its other strategies as devices with binding
+    /// conditions, which the scheduler allocates only when no ready device fits and binds
+    /// once the plugin has switched the GPU. Default false: only the operator's planner
+    /// moves GPUs, which is faster because the scheduler checks binding conditions every
+    /// five seconds (see the README).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub binding_conditions: bool,
 }
 
 /// When and how a GPU may change shape.

@@ -465,9 +465,11 @@ fn can_take(
     strategy: SharingStrategy,
     allow_reset: bool,
 ) -> bool {
-    let Some(gpu) = gpu_state(snapshot, node, index) else {
-        return false;
-    };
+    gpu_state(snapshot, node, index).is_some_and(|gpu| gpu_can_take(gpu, strategy, allow_reset))
+}
+
+/// [`can_take`] for a GPU in hand.
+pub(crate) fn gpu_can_take(gpu: &GpuState, strategy: SharingStrategy, allow_reset: bool) -> bool {
     if gpu.health == GpuHealth::Unhealthy {
         return false;
     }

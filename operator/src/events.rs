@@ -190,6 +190,7 @@ mod tests {
             mps: None,
             time_slicing: None,
             allow_gpu_reset: false,
+            alternatives: Vec::new(),
         }
     }
 

@@ -17,6 +17,7 @@ pub mod config;
 pub mod demand;
 pub mod events;
 pub mod free;
+pub mod latent;
 pub mod metrics;
 pub mod policy_status;
 pub mod resolve;

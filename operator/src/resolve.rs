@@ -22,7 +22,7 @@ use std::{
 
 use tessera_api::{
     GpuNodeSpec,
-    gpunode::{GpuConfig, GpuMigConfig, GpuState, PlannedInstance},
+    gpunode::{GpuConfig, GpuMigConfig, GpuShape, GpuState, PlannedInstance},
     policy::{GpuSharingPolicySpec, MigMode, MigProfileName, SharingStrategy},
 };
 use tessera_gpu::{Placement, find_model};
@@ -69,6 +69,9 @@ pub struct Snapshot {
     /// The strategy the adaptive planner chose for GPUs (`node`, index) of Adaptive
     /// policies this pass (see [`crate::adaptive`]).
     pub adaptive: BTreeMap<(String, u32), SharingStrategy>,
+    /// GPUs (`node`, index) this operator moved less than their policy's
+    /// `adaptive.cooldown` ago: they publish no alternatives (see [`alternatives`]).
+    pub cooling: BTreeSet<(String, u32)>,
 }
 
 /// Where a GPU is: `node/index`.
@@ -160,7 +163,8 @@ pub fn resolve(snapshot: &Snapshot) -> Resolution {
                         .adaptive
                         .get(&(node_name.clone(), gpu.index))
                         .copied();
-                    match desired(policy, gpu, previous, chosen) {
+                    let cooling = snapshot.cooling.contains(&(node_name.clone(), gpu.index));
+                    match desired(policy, gpu, previous, chosen, cooling) {
                         Err(why) => {
                             outcome.infeasible.insert(gpu_ref.clone(), why);
                             previous.cloned()
@@ -183,9 +187,16 @@ pub fn resolve(snapshot: &Snapshot) -> Resolution {
                                         .waiting
                                         .insert(gpu_ref.clone(), (claims.clone(), waited));
                                     out.waiting.insert(key);
-                                    // Only who governs may change while the shape waits.
+                                    // Only who governs, and what the GPU may be
+                                    // switched to from the strategy it keeps, may
+                                    // change while the shape waits.
                                     Some(GpuConfig {
                                         policy: want.policy.clone(),
+                                        alternatives: if prev.strategy == want.strategy {
+                                            want.alternatives.clone()
+                                        } else {
+                                            prev.alternatives.clone()
+                                        },
                                         ..prev.clone()
                                     })
                                 }
@@ -307,11 +318,14 @@ fn applying(gpu: &GpuState, want: &GpuConfig) -> Option<Applying> {
     })
 }
 
-/// Whether going from `from` to `to` changes what the GPU offers (not only who governs).
+/// Whether going from `from` to `to` changes what the GPU offers (not only who governs,
+/// or what it may be switched to: the scheduler's counters keep a GPU in use from being
+/// switched).
 fn shape_differs(from: &GpuConfig, to: &GpuConfig) -> bool {
     let strip = |g: &GpuConfig| GpuConfig {
         policy: None,
         uuid: None,
+        alternatives: Vec::new(),
         ..g.clone()
     };
     strip(from) != strip(to)
@@ -323,6 +337,7 @@ fn desired(
     gpu: &GpuState,
     previous: Option<&GpuConfig>,
     chosen: Option<SharingStrategy>,
+    cooling: bool,
 ) -> Result<GpuConfig, String> {
     let spec = &policy.spec;
     let strategy = match spec.strategy {
@@ -338,16 +353,71 @@ fn desired(
         mps: None,
         time_slicing: None,
         allow_gpu_reset: spec.repartition.as_ref().is_some_and(|r| r.allow_gpu_reset),
+        alternatives: Vec::new(),
+    };
+    let shape = shape(policy, gpu, previous, strategy)?;
+    entry.mig = shape.mig;
+    entry.mps = shape.mps;
+    entry.time_slicing = shape.time_slicing;
+    if !cooling {
+        entry.alternatives = alternatives(policy, gpu, strategy);
+    }
+    Ok(entry)
+}
+
+/// `strategy` with the policy's settings for it.
+fn shape(
+    policy: &PolicyView,
+    gpu: &GpuState,
+    previous: Option<&GpuConfig>,
+    strategy: SharingStrategy,
+) -> Result<GpuShape, String> {
+    let spec = &policy.spec;
+    let mut shape = GpuShape {
+        strategy,
+        mig: None,
+        mps: None,
+        time_slicing: None,
     };
     match strategy {
-        SharingStrategy::Mig => entry.mig = Some(mig_config(policy, gpu, previous)?),
-        SharingStrategy::Mps => entry.mps = Some(spec.mps.clone().unwrap_or_default()),
+        SharingStrategy::Mig => shape.mig = Some(mig_config(policy, gpu, previous)?),
+        SharingStrategy::Mps => shape.mps = Some(spec.mps.clone().unwrap_or_default()),
         SharingStrategy::TimeSlicing => {
-            entry.time_slicing = Some(spec.time_slicing.clone().unwrap_or_default());
+            shape.time_slicing = Some(spec.time_slicing.clone().unwrap_or_default());
         }
         SharingStrategy::Exclusive | SharingStrategy::Adaptive => {}
     }
-    Ok(entry)
+    Ok(shape)
+}
+
+/// What an Adaptive policy with `bindingConditions` lets the scheduler switch a GPU in
+/// `current` to: its other strategies, in the policy's order, that the GPU can take
+/// without a reset the policy does not allow. A GPU in its cooldown gets none (the caller
+/// leaves them out).
+fn alternatives(policy: &PolicyView, gpu: &GpuState, current: SharingStrategy) -> Vec<GpuShape> {
+    let Some(adaptive) = policy
+        .spec
+        .adaptive
+        .as_ref()
+        .filter(|a| a.binding_conditions && policy.spec.strategy == SharingStrategy::Adaptive)
+    else {
+        return Vec::new();
+    };
+    let allow_reset = policy
+        .spec
+        .repartition
+        .as_ref()
+        .is_some_and(|r| r.allow_gpu_reset);
+    adaptive
+        .strategies
+        .iter()
+        .filter(|s| **s != current)
+        .filter(|s| crate::adaptive::gpu_can_take(gpu, **s, allow_reset))
+        // A static layout is not for the scheduler to pick: the GPU switches to what
+        // one claim asked for.
+        .filter_map(|s| shape(policy, gpu, None, *s).ok())
+        .filter(|s| s.mig.as_ref().is_none_or(|m| m.mode == MigMode::Dynamic))
+        .collect()
 }
 
 /// An Adaptive policy's GPU takes what the planner chose this pass; else keeps the

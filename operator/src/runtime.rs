@@ -46,6 +46,7 @@ use crate::{
     batch::{Batch, Gate},
     demand::{self, Demand},
     events::{self, Events},
+    latent,
     metrics::Metrics,
     policy_status,
     resolve::{self, NodeView, PolicyView, Snapshot},
@@ -350,6 +351,7 @@ impl Caches {
                 .map(|(k, since)| (k.clone(), since.elapsed()))
                 .collect(),
             adaptive: BTreeMap::new(),
+            cooling: BTreeSet::new(),
         }
     }
 }
@@ -497,6 +499,13 @@ impl Operator {
                 }
                 serde_json::from_value(content.clone()).ok()
             });
+        let since_change: BTreeMap<(String, u32), Duration> = self
+            .changed_at
+            .iter()
+            .map(|(k, t)| (k.clone(), t.elapsed()))
+            .collect();
+        let (cooling, cooling_ends) = latent::cooling(&snapshot, &since_change);
+        snapshot.cooling = cooling;
         let mut resolution = resolve::resolve(&snapshot);
         let now = Instant::now();
         let ended = self.transitions.observe(
@@ -524,13 +533,11 @@ impl Operator {
                 retake = true;
             }
         }
-        let since_change: BTreeMap<(String, u32), Duration> = self
-            .changed_at
-            .iter()
-            .map(|(k, t)| (k.clone(), t.elapsed()))
-            .collect();
         let gate = self.batch.gate(demand.pending.keys(), now);
-        let moves = match gate {
+        // What the plugins switched for the scheduler is no plan of ours: it is followed
+        // at once, whatever the batch window.
+        let mut moves = latent::switches(&snapshot, &supply);
+        moves.extend(match gate {
             Gate::Plan => adaptive::plan(
                 &snapshot,
                 &resolution,
@@ -540,7 +547,7 @@ impl Operator {
                 &self.transitions.gpus(),
             ),
             Gate::Wait(_) => Vec::new(),
-        };
+        });
         if !moves.is_empty() || retake {
             for m in &moves {
                 snapshot.adaptive.insert((m.node.clone(), m.gpu), m.to);
@@ -704,6 +711,8 @@ impl Operator {
                 Gate::Plan => None,
             },
             self.transitions.next_timeout(Instant::now()),
+            // A cooldown ending gives a binding-conditions GPU its alternatives back.
+            cooling_ends,
         ]
         .into_iter()
         .flatten()

@@ -19,6 +19,8 @@ pub struct Published {
     pub memory_mib: Option<u64>,
     /// Whether a taint keeps new allocations off it (`NoSchedule` or `NoExecute`).
     pub tainted: bool,
+    /// It carries binding conditions: it stands for a shape its GPU does not have yet.
+    pub latent: bool,
     /// The shared counters it consumes: (counter set, counter) → amount.
     pub consumes: BTreeMap<(String, String), u64>,
     /// For a device many claims share (`allowMultipleAllocations`): its capacities.
@@ -51,6 +53,9 @@ pub struct Allocated {
     pub memory_mib: Option<u64>,
     /// Every `consumedCapacity`, in [`capacity_units`].
     pub consumed: BTreeMap<String, u64>,
+    /// The device was allocated with binding conditions: it stood for a shape its GPU did
+    /// not have (see the plugin's latent devices).
+    pub latent: bool,
 }
 
 /// A GPU's size, for the shares.
@@ -152,6 +157,7 @@ impl Supply {
                             compute_slices: cap("computeSlices").and_then(|q| q.parse().ok()),
                             memory_mib: cap("memory").and_then(|q| parse_mib(&q)),
                             tainted: d.taints.iter().flatten().any(|t| t.effect != "None"),
+                            latent: d.binding_conditions.as_ref().is_some_and(|b| !b.is_empty()),
                             consumes: d
                                 .consumes_counters
                                 .iter()
@@ -207,6 +213,7 @@ impl Supply {
                             .flatten()
                             .filter_map(|(k, q)| Some((k.clone(), capacity_units(k, &q.0)?)))
                             .collect(),
+                        latent: r.binding_conditions.as_ref().is_some_and(|b| !b.is_empty()),
                     });
             }
         }
@@ -273,7 +280,12 @@ pub fn usage(governed: &BTreeSet<String>, supply: &Supply) -> Usage {
         };
         gpus += 1;
         let published = supply.published.get(&key);
-        for p in published.into_iter().flat_map(BTreeMap::values) {
+        // What a GPU could become is not what it offers.
+        for p in published
+            .into_iter()
+            .flat_map(BTreeMap::values)
+            .filter(|p| !p.latent)
+        {
             kinds
                 .entry((p.device_type.clone(), p.profile.clone()))
                 .or_default()
@@ -419,6 +431,7 @@ mod tests {
                 compute_percent: None,
                 memory_mib: None,
                 consumed: BTreeMap::new(),
+                latent: false,
             }],
         );
         s.allocated.insert(
@@ -430,6 +443,7 @@ mod tests {
                 compute_percent: Some(25),
                 memory_mib: Some(8_192),
                 consumed: BTreeMap::new(),
+                latent: false,
             }],
         );
         s

@@ -96,6 +96,14 @@ impl Handover {
         self.applied.get(&gpu)
     }
 
+    /// Takes `offer` as what `gpu` offers now, with no fence: the scheduler allocated one
+    /// of its latent devices, and the GPU's counters keep it from allocating a device of
+    /// the old shape meanwhile (see [`crate::latent`]).
+    pub fn switch_now(&mut self, gpu: u32, offer: GpuOffer) {
+        self.fences.remove(&gpu);
+        self.applied.insert(gpu, offer);
+    }
+
     /// Steps `gpu` towards `desired`. `users` are the claims allocated on or prepared for
     /// the GPU now; `binding` the pods nominated to this node, not yet bound, that ask
     /// for claims (any of them may be about to get a device of this GPU). The first

@@ -13,6 +13,7 @@
 //!   and how a new one takes over; [`app`]: the wiring [`run`] starts.
 
 pub mod app;
+pub mod binding_report;
 pub mod cdi;
 pub mod checkpoint;
 pub mod config;
@@ -23,6 +24,7 @@ pub mod fence;
 pub mod handover;
 pub mod health_store;
 pub mod kubelet;
+pub mod latent;
 pub mod metrics;
 pub mod node;
 pub mod offer_store;

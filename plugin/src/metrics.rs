@@ -56,6 +56,7 @@ pub struct Metrics {
     published: Family<TypeLabel, Gauge>,
     prepared: Family<TypeLabel, Gauge>,
     publishes: Family<ResultLabel, Counter>,
+    latent_verdicts: Family<ResultLabel, Counter>,
     /// Claims whose `status.devices` could not be written.
     pub status_write_failures: Counter,
     /// `status.devices` writes queued or in flight: a backlog means a burst is being
@@ -98,6 +99,12 @@ impl Metrics {
         let published = Family::<TypeLabel, Gauge>::default();
         let prepared = Family::<TypeLabel, Gauge>::default();
         let publishes = Family::<ResultLabel, Counter>::default();
+        let latent_verdicts = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "latent_verdicts",
+            "Latent devices the scheduler allocated, by what the plugin reported: switched (the GPU took the device's shape) or failed",
+            latent_verdicts.clone(),
+        );
         let status_write_failures = Counter::default();
         let status_writes_pending = Gauge::default();
         let status_writes_skipped = Counter::default();
@@ -184,6 +191,7 @@ impl Metrics {
             published,
             prepared,
             publishes,
+            latent_verdicts,
             status_write_failures,
             status_writes_pending,
             status_writes_skipped,
@@ -220,6 +228,15 @@ impl Metrics {
         self.hardware
             .get_or_create(&OperationLabel { operation })
             .observe(d.as_secs_f64());
+    }
+
+    /// Records one binding-condition verdict written.
+    pub fn latent_verdict(&self, switched: bool) {
+        self.latent_verdicts
+            .get_or_create(&ResultLabel {
+                result: if switched { "switched" } else { "failed" },
+            })
+            .inc();
     }
 
     /// Records one slice publish.

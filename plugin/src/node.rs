@@ -38,12 +38,14 @@ use tokio::sync::{broadcast, watch};
 use tracing::{info, warn};
 
 use crate::{
+    binding_report::{self, Verdict},
     checkpoint::Checkpoint,
     config::DefaultStrategy,
     driver::{self, Keeper},
     fence::{Handover, Publish},
     health_store::HealthStore,
     kubelet::{DeviceHealthEntry, DeviceHealthStatus, RegistrationState},
+    latent,
     metrics::Metrics,
     offer_store::OfferStore,
     slices::{self, DesiredPool, GpuView, publish::Publisher},
@@ -108,6 +110,13 @@ pub struct NodeLoop {
     /// The node's `GpuNode` as last seen by the watch; `None`: not seen yet, or deleted
     /// (the next pass reads it, creating it when missing).
     gpunode: Option<GpuNode>,
+    /// Whether some GPU publishes latent devices (then claim changes that allocate one
+    /// call for a pass).
+    latent_published: bool,
+    /// The latent devices (claim UID, device) whose verdict this process wrote: not
+    /// written again while the claim cache has not caught up.
+    reported: BTreeSet<(String, String, String)>,
+    client: Client,
 }
 
 /// Everything a [`NodeLoop`] needs.
@@ -188,7 +197,7 @@ impl NodeLoop {
         Self {
             publisher: Publisher::new(client.clone(), state.node(), &node_uid, state.driver_name()),
             status: StatusWriter::new(client.clone(), state.node(), &node_uid),
-            slices_api: Api::all(client),
+            slices_api: Api::all(client.clone()),
             state,
             keeper,
             claims,
@@ -209,6 +218,9 @@ impl NodeLoop {
             slice_count: 0,
             last_warnings: Vec::new(),
             gpunode: None,
+            latent_published: false,
+            reported: BTreeSet::new(),
+            client,
         }
     }
 
@@ -226,13 +238,23 @@ impl NodeLoop {
         };
         // Offers and status follow the hardware's MIG mode now, not the start-up snapshot.
         let hw = &self.state.current().await;
-        let (offers, warnings) = slices::resolve_offers(
+        let (mut offers, warnings) = slices::resolve_offers(
             &hw.gpus,
             |g| hw.layouts.get(&g.index),
             Some(&gpunode.spec),
             self.default_strategy,
         );
+        let verdicts = self
+            .switch_for_latent(&hw.gpus, &hw.layouts, &gpunode.spec, &mut offers)
+            .await;
         let (offers, handover_notes) = self.hand_over(&hw.gpus, offers).await;
+        let latent = slices::latent_offers(
+            &hw.gpus,
+            |g| hw.layouts.get(&g.index),
+            Some(&gpunode.spec),
+            |i| self.handover.applied(i).cloned(),
+        );
+        self.latent_published = latent.iter().any(|l| !l.is_empty());
         // What the GPUs hold ahead of claims comes first: the devices published below are
         // the instances this leaves.
         let mut holding = self
@@ -270,12 +292,14 @@ impl NodeLoop {
             .gpus
             .iter()
             .zip(&offers)
-            .map(|(info, offer)| GpuView {
+            .zip(&latent)
+            .map(|((info, offer), latent)| GpuView {
                 info,
                 layout: hw.layouts.get(&info.index),
                 offer,
                 occupancy: occupancy.get(&info.index).unwrap_or(&empty),
                 blocked: blocked.get(&info.index).unwrap_or(&empty),
+                latent,
             })
             .collect();
         let mut pool = slices::build_pool(&views, None);
@@ -291,6 +315,9 @@ impl NodeLoop {
         let outcome = outcome?;
         self.last_generation = outcome.generation;
         self.slice_count = pool.slice_count();
+        // Only once the switched GPU's devices are published: the pod the scheduler then
+        // binds finds them at prepare.
+        self.report_latent(verdicts).await;
         self.count_devices(&pool, &checkpoint);
 
         let geometry: Vec<String> = rejected.into_values().collect();
@@ -408,6 +435,148 @@ impl NodeLoop {
         }
     }
 
+    /// Switches the GPUs on whose latent devices the scheduler allocated claims (see
+    /// [`crate::latent`]) and keeps a GPU that serves such claims in their shape, whatever
+    /// the spec says, until they end (the operator follows it into the spec). Returns the
+    /// verdicts to report once the pass has published.
+    async fn switch_for_latent(
+        &mut self,
+        gpus: &[tessera_gpu::backend::GpuInfo],
+        layouts: &BTreeMap<u32, tessera_gpu::catalog::MigLayout>,
+        spec: &tessera_api::GpuNodeSpec,
+        offers: &mut [slices::GpuOffer],
+    ) -> Vec<(latent::LatentClaim, Verdict)> {
+        let all = latent::latent_claims(
+            self.claims.state().iter().map(AsRef::as_ref),
+            self.state.driver_name(),
+            self.state.node(),
+        );
+        let live: BTreeSet<(String, String, String)> =
+            all.iter().map(latent::LatentClaim::allocation).collect();
+        self.reported.retain(|k| live.contains(k));
+        if all.is_empty() {
+            return Vec::new();
+        }
+        let (mut allocated, mut prepared) = self.users_apart().await;
+        let candidates = slices::latent_offers(
+            gpus,
+            |g| layouts.get(&g.index),
+            Some(spec),
+            |i| self.handover.applied(i).cloned(),
+        );
+        let mut verdicts = Vec::new();
+        for (index, claims) in latent::by_gpu(all) {
+            let Some(pos) = gpus.iter().position(|g| g.index == index) else {
+                continue;
+            };
+            let info = &gpus[pos];
+            let layout = layouts.get(&index);
+            let applied = self.handover.applied(index).cloned();
+            let applied_names = applied
+                .as_ref()
+                .map(|o| slices::offer_device_names(info, layout, o));
+            if let (Some(a), Some(names)) = (&applied, &applied_names)
+                && claims
+                    .iter()
+                    .any(|c| c.reported != latent::Reported::Failed && names.contains(&c.device))
+            {
+                offers[pos] = a.clone();
+            }
+            let pending: Vec<latent::LatentClaim> = claims
+                .into_iter()
+                .filter(|c| {
+                    c.reported == latent::Reported::Nothing
+                        && !self.reported.contains(&c.allocation())
+                })
+                .collect();
+            if pending.is_empty() {
+                continue;
+            }
+            let side = latent::GpuSide {
+                applied: applied.as_ref().zip(applied_names),
+                candidates: candidates[pos]
+                    .iter()
+                    .map(|o| (o, slices::offer_device_names(info, layout, o)))
+                    .collect(),
+                unpreparing: prepared
+                    .remove(&index)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|c| !allocated.get(&index).is_some_and(|a| a.contains(c)))
+                    .collect(),
+                allocated: allocated.remove(&index).unwrap_or_default(),
+                healthy: self.health.get(&index).is_none_or(|h| h.healthy),
+            };
+            let decision = latent::decide(&side, &pending);
+            if let Some(to) = decision.switch_to {
+                info!(
+                    gpu = index,
+                    claims = ?pending.iter().map(latent::LatentClaim::key).collect::<Vec<_>>(),
+                    "the scheduler allocated a latent device: switching the GPU to its shape"
+                );
+                self.handover.switch_now(index, to.clone());
+                offers[pos] = to;
+            }
+            let shape = status::strategy_of(&offers[pos]);
+            for c in decision.switched {
+                let msg = format!(
+                    "GPU {index} of node {} offers {} now",
+                    self.state.node(),
+                    shape.as_str()
+                );
+                verdicts.push((c, Verdict::Switched(msg)));
+            }
+            for (c, why) in decision.failed {
+                warn!(gpu = index, claim = %c.key(), device = %c.device, why = %why, "cannot switch the GPU for a latent device");
+                verdicts.push((c, Verdict::Failed(why)));
+            }
+        }
+        verdicts
+    }
+
+    /// Writes the verdicts (see [`crate::binding_report`]); one that fails is written
+    /// again by a later pass, since its claim still has none.
+    async fn report_latent(&mut self, verdicts: Vec<(latent::LatentClaim, Verdict)>) {
+        let client = &self.client;
+        let driver = self.state.driver_name();
+        let node = self.state.node();
+        let results = futures::future::join_all(verdicts.iter().map(|(c, v)| async move {
+            (
+                c,
+                v,
+                binding_report::report(client, driver, node, c, v).await,
+            )
+        }))
+        .await;
+        for (c, v, r) in results {
+            match r {
+                Ok(()) => {
+                    self.metrics
+                        .latent_verdict(matches!(v, Verdict::Switched(_)));
+                    self.reported.insert(c.allocation());
+                }
+                Err(e) => warn!(
+                    claim = %c.key(),
+                    error = &e as &dyn std::error::Error,
+                    "cannot write the binding condition; the next pass tries again"
+                ),
+            }
+        }
+    }
+
+    /// Whether a claim the cache holds waits for this node's verdict on a latent device.
+    fn latent_pending(&self) -> bool {
+        latent::latent_claims(
+            self.claims.state().iter().map(AsRef::as_ref),
+            self.state.driver_name(),
+            self.state.node(),
+        )
+        .iter()
+        .any(|c| {
+            c.reported == latent::Reported::Nothing && !self.reported.contains(&c.allocation())
+        })
+    }
+
     /// Steps each GPU's offer through the hand-over (see [`crate::fence`]): the offers to
     /// publish, and per GPU what holds its change back.
     async fn hand_over(
@@ -521,6 +690,19 @@ impl NodeLoop {
     /// The claims allocated on (from the watch cache) or prepared for (the checkpoint)
     /// each GPU of this node, as `namespace/name`.
     async fn users(&self) -> BTreeMap<u32, Vec<String>> {
+        let (allocated, prepared) = self.users_apart().await;
+        let mut users: BTreeMap<u32, BTreeSet<String>> = BTreeMap::new();
+        for (gpu, claims) in allocated.into_iter().chain(prepared) {
+            users.entry(gpu).or_default().extend(claims);
+        }
+        users
+            .into_iter()
+            .map(|(g, s)| (g, s.into_iter().collect()))
+            .collect()
+    }
+
+    /// [`Self::users`] apart: the claims allocated on each GPU, and those prepared for it.
+    async fn users_apart(&self) -> (BTreeMap<u32, Vec<String>>, BTreeMap<u32, Vec<String>>) {
         let mut users: BTreeMap<u32, BTreeSet<String>> = BTreeMap::new();
         for c in self.claims.state() {
             for r in tessera_api::claims::allocated_devices(&c) {
@@ -536,18 +718,21 @@ impl NodeLoop {
                 }
             }
         }
+        let mut prepared: BTreeMap<u32, BTreeSet<String>> = BTreeMap::new();
         for r in self.state.claims().snapshot().await.claims.values() {
             for d in &r.devices {
-                users
+                prepared
                     .entry(d.gpu)
                     .or_default()
                     .insert(format!("{}/{}", r.namespace, r.name));
             }
         }
-        users
-            .into_iter()
-            .map(|(g, s)| (g, s.into_iter().collect()))
-            .collect()
+        let list = |m: BTreeMap<u32, BTreeSet<String>>| {
+            m.into_iter()
+                .map(|(g, s)| (g, s.into_iter().collect()))
+                .collect()
+        };
+        (list(users), list(prepared))
     }
 
     fn publish_health(&self, pool: &DesiredPool) {
@@ -580,7 +765,7 @@ impl NodeLoop {
     fn count_devices(&self, pool: &DesiredPool, checkpoint: &Checkpoint) {
         let mut published: BTreeMap<String, i64> = BTreeMap::new();
         for (_, devices) in &pool.device_slices {
-            for d in devices {
+            for d in devices.iter().filter(|d| d.binding_conditions.is_none()) {
                 let t = d
                     .attributes
                     .as_ref()
@@ -720,7 +905,10 @@ impl NodeLoop {
                         break;
                     }
                     _ = registration.changed() => break,
-                    () = self.claim_events.notified(), if self.held_back => {
+                    () = self.claim_events.notified(), if self.held_back || self.latent_published => {
+                        if !self.held_back && !self.latent_pending() {
+                            continue;
+                        }
                         tokio::select! {
                             () = &mut shutdown => return,
                             () = tokio::time::sleep_until(pass_started + CLAIM_PACE) => {}

@@ -314,7 +314,7 @@ fn claims_on<'c>(
         .collect()
 }
 
-fn strategy_of(offer: &GpuOffer) -> SharingStrategy {
+pub fn strategy_of(offer: &GpuOffer) -> SharingStrategy {
     match offer {
         GpuOffer::DynamicMig { .. } | GpuOffer::StaticMig { .. } => SharingStrategy::Mig,
         GpuOffer::Mps { .. } => SharingStrategy::Mps,

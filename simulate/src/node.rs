@@ -206,6 +206,9 @@ impl SimNode {
             offer: &offers[0],
             occupancy: &self.occupancy[gpu],
             blocked: &blocked,
+            // The simulator models the reactive planner; latent devices come last and
+            // are never taken where a ready device fits.
+            latent: &[],
         };
         let mut part = pool::compile(&build_pool(&[view], None), layout)?;
         if self.order == Order::Canonical {
@@ -298,6 +301,7 @@ impl SimNode {
                 offer,
                 occupancy,
                 blocked: &blocked,
+                latent: &[],
             })
             .collect();
         let mut pool = pool::compile(&build_pool(&views, None), layout)?;

@@ -126,6 +126,7 @@ pub fn gpu_config(index: u32, strategy: SharingStrategy, knobs: Knobs) -> GpuCon
         }),
         time_slicing: None,
         allow_gpu_reset: false,
+        alternatives: Vec::new(),
     }
 }
 

@@ -90,6 +90,7 @@ impl H100x8 {
                     &self.empty
                 },
                 blocked: &self.empty,
+                latent: &[],
             })
             .collect();
         build_pool(&views, Some("580.159.04"))

@@ -30,6 +30,7 @@ fn adaptive(strategies: Vec<SharingStrategy>, cooldown: Option<&str>) -> PolicyV
             adaptive: Some(AdaptivePolicy {
                 strategies,
                 cooldown: cooldown.map(str::to_string),
+                binding_conditions: false,
             }),
             repartition: None,
         },

@@ -69,6 +69,7 @@ fn hold(s: &mut Supply, node: &str, device: &str, consumed: &[(&str, u64)]) {
             compute_percent: None,
             memory_mib: None,
             consumed: consumed.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            latent: false,
         });
 }
 

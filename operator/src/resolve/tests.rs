@@ -63,6 +63,7 @@ fn snapshot(policies: Vec<PolicyView>, nodes: Vec<(&str, NodeView)>) -> Snapshot
         nodes: nodes.into_iter().map(|(n, v)| (n.to_string(), v)).collect(),
         waiting: BTreeMap::new(),
         adaptive: BTreeMap::new(),
+        cooling: BTreeSet::new(),
     }
 }
 
@@ -106,6 +107,7 @@ fn a_tie_keeps_the_previous_entry_and_both_policies_name_each_other() {
         mps: Some(Default::default()),
         time_slicing: None,
         allow_gpu_reset: false,
+        alternatives: Vec::new(),
     }];
     let s = snapshot(
         vec![
@@ -168,6 +170,7 @@ fn a_gpu_no_policy_selects_has_no_entry() {
         mps: None,
         time_slicing: None,
         allow_gpu_reset: false,
+        alternatives: Vec::new(),
     }];
     let r = resolve(&snapshot(vec![], vec![("a", n)]));
     assert!(r.specs["a"].gpus.is_empty(), "the plugin's default applies");
@@ -179,6 +182,7 @@ fn adaptive_takes_the_planners_choice_keeps_it_and_starts_from_its_first_strateg
     p.spec.adaptive = Some(AdaptivePolicy {
         strategies: vec![SharingStrategy::Mps, SharingStrategy::Mig],
         cooldown: None,
+        binding_conditions: false,
     });
     let mut s = snapshot(vec![p], vec![("a", node(&[], vec![gpu(0, H100)]))]);
     let r = resolve(&s);
@@ -244,6 +248,7 @@ fn a_shape_change_waits_while_claims_are_allocated_and_applies_once_they_end() {
         mps: Some(Default::default()),
         time_slicing: None,
         allow_gpu_reset: false,
+        alternatives: Vec::new(),
     }];
     n.allocated
         .insert(0, BTreeSet::from(["ns/claim".to_string()]));
@@ -442,6 +447,7 @@ fn a_move_back_to_the_strategy_the_gpu_still_runs_is_written_under_its_claims() 
     p.spec.adaptive = Some(AdaptivePolicy {
         strategies: vec![SharingStrategy::Mig, SharingStrategy::Mps],
         cooldown: None,
+        binding_conditions: false,
     });
     let mut g = gpu(0, H100);
     // The plugin kept MIG for a claim allocated while the GPU was to become MPS.

@@ -18,6 +18,7 @@ fn spec(strategy: SharingStrategy) -> BTreeMap<String, GpuNodeSpec> {
                 mps: None,
                 time_slicing: None,
                 allow_gpu_reset: false,
+                alternatives: Vec::new(),
             }],
         },
     )])

@@ -21,12 +21,12 @@ use k8s_openapi::{
     },
     apimachinery::pkg::api::resource::Quantity,
 };
-use tessera_api::constants::device_type;
+use tessera_api::constants::{SWITCH_FAILED_CONDITION, SWITCHED_CONDITION, device_type};
 use tessera_gpu::{
     Occupancy, Placement,
     backend::GpuInfo,
     catalog::MigLayout,
-    counters::{CounterConsumption, CounterScheme},
+    counters::{CounterConsumption, CounterScheme, counter_set_name},
     naming, order,
 };
 
@@ -65,6 +65,11 @@ pub struct GpuView<'a> {
     /// placements it overlaps, the whole GPU and whole-GPU shares are not offered, since
     /// the scheduler's counters only count its own allocations.
     pub blocked: &'a Occupancy,
+    /// Shapes the GPU may be switched to when the scheduler allocates one of their
+    /// devices (binding conditions; empty: none). They are published after every ready
+    /// device of the pool, and every device of the GPU then consumes its counter set, so
+    /// the scheduler never allocates two shapes of one GPU at once.
+    pub latent: &'a [GpuOffer],
 }
 
 /// The desired contents of the pool, before names and generations are assigned.
@@ -72,7 +77,8 @@ pub struct GpuView<'a> {
 pub struct DesiredPool {
     /// Counter slices (each ≤ 8 counter sets).
     pub counter_slices: Vec<Vec<CounterSet>>,
-    /// Device slices in allocation priority order, with the GPU each holds.
+    /// Device slices in allocation priority order, with the GPU each holds: the ready
+    /// devices of each GPU, then the latent devices of each GPU that has some.
     pub device_slices: Vec<(u32, Vec<Device>)>,
 }
 
@@ -96,14 +102,22 @@ pub fn build_pool(gpus: &[GpuView<'_>], driver_version: Option<&str>) -> Desired
     let order = order::gpu_order(&occ);
     let mut counter_sets = Vec::new();
     let mut device_slices = Vec::new();
+    let mut latent_slices = Vec::new();
     for index in order {
         let Some(gpu) = gpus.iter().find(|g| g.info.index == index) else {
             continue;
         };
-        let (set, devices) = gpu_devices(gpu, driver_version);
+        let (mut set, mut devices) = gpu_devices(gpu, driver_version);
+        let latent = latent_devices(gpu, driver_version, &mut set, &mut devices);
         counter_sets.extend(set);
         device_slices.push((index, devices));
+        if !latent.is_empty() {
+            latent_slices.push((index, latent));
+        }
     }
+    // The scheduler reads a pool's slices in name order and takes the first device that
+    // fits, so a latent device is chosen only where no ready one fits.
+    device_slices.extend(latent_slices);
     DesiredPool {
         counter_slices: counter_sets
             .chunks(COUNTER_SETS_PER_SLICE)
@@ -206,6 +220,94 @@ fn gpu_devices(
         }
         _ => (None, vec![whole_gpu(info, &base)]),
     }
+}
+
+/// Counter of a GPU without MIG whose shapes must exclude each other: every device of it
+/// consumes the one unit.
+const WHOLE_GPU_COUNTER: &str = "gpu";
+
+/// The latent devices of `gpu` (see [`GpuView::latent`]): each latent offer's devices that
+/// the ready offer does not publish under the same name, with the binding conditions.
+/// Gives the GPU a counter set when it has none, and makes every device of it consume
+/// the whole set unless it consumes a part already (a MIG placement).
+fn latent_devices(
+    gpu: &GpuView<'_>,
+    driver_version: Option<&str>,
+    set: &mut Option<CounterSet>,
+    ready: &mut [Device],
+) -> Vec<Device> {
+    // A GPU someone else partitioned offers nothing whole; it is not switched either.
+    if gpu.latent.is_empty() || !gpu.blocked.is_empty() {
+        return Vec::new();
+    }
+    let index = gpu.info.index;
+    let full = match gpu.layout {
+        Some(layout) => {
+            let scheme = CounterScheme::new(layout);
+            set.get_or_insert_with(|| counter_set(&scheme, index));
+            consumption(scheme.full_gpu_consumption(index))
+        }
+        None => {
+            let one = BTreeMap::from([(WHOLE_GPU_COUNTER.to_string(), 1)]);
+            set.get_or_insert_with(|| CounterSet {
+                name: counter_set_name(index),
+                counters: counters(&one),
+            });
+            consumption(CounterConsumption {
+                counter_set: counter_set_name(index),
+                counters: one,
+            })
+        }
+    };
+    for d in ready.iter_mut() {
+        d.consumes_counters
+            .get_or_insert_with(|| vec![full.clone()]);
+    }
+    let mut names: std::collections::BTreeSet<String> =
+        ready.iter().map(|d| d.name.clone()).collect();
+    let mut out = Vec::new();
+    for offer in gpu.latent {
+        let view = GpuView {
+            offer,
+            latent: &[],
+            ..gpu.clone()
+        };
+        let (_, devices) = gpu_devices(&view, driver_version);
+        for mut d in devices {
+            if !names.insert(d.name.clone()) {
+                continue;
+            }
+            d.consumes_counters
+                .get_or_insert_with(|| vec![full.clone()]);
+            d.binding_conditions = Some(vec![SWITCHED_CONDITION.to_string()]);
+            d.binding_failure_conditions = Some(vec![SWITCH_FAILED_CONDITION.to_string()]);
+            out.push(d);
+        }
+    }
+    out
+}
+
+/// The device names `offer` publishes on `gpu` with nothing placed on it: what a claim
+/// allocated on a latent device of that offer names.
+pub fn offer_device_names(
+    info: &GpuInfo,
+    layout: Option<&MigLayout>,
+    offer: &GpuOffer,
+) -> Vec<String> {
+    let empty = Occupancy::default();
+    let view = GpuView {
+        info,
+        layout,
+        offer,
+        occupancy: &empty,
+        blocked: &empty,
+        latent: &[],
+    };
+    gpu_devices(&view, None)
+        .1
+        .into_iter()
+        .map(|d| d.name)
+        .collect()
 }
 
 fn counter_set(scheme: &CounterScheme, index: u32) -> CounterSet {

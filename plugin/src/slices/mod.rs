@@ -6,5 +6,5 @@ pub mod build;
 pub mod offer;
 pub mod publish;
 
-pub use build::{DesiredPool, GpuView, build_pool};
-pub use offer::{GpuOffer, resolve_offers};
+pub use build::{DesiredPool, GpuView, build_pool, offer_device_names};
+pub use offer::{GpuOffer, latent_offers, resolve_offers};

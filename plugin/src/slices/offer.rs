@@ -80,6 +80,42 @@ pub fn resolve_offers<'a>(
     (offers, warnings)
 }
 
+/// The shapes each GPU may be switched to by the scheduler (see
+/// [`super::GpuView::latent`]): for a GPU whose spec entry lists `alternatives`, the
+/// entry's own shape and its alternatives, less `applied` (what the GPU publishes now),
+/// in the entry's order. A shape that does not apply to the GPU as asked is left out.
+pub fn latent_offers<'a>(
+    gpus: &'a [GpuInfo],
+    layout: impl Fn(&GpuInfo) -> Option<&'a MigLayout>,
+    spec: Option<&GpuNodeSpec>,
+    applied: impl Fn(u32) -> Option<GpuOffer>,
+) -> Vec<Vec<GpuOffer>> {
+    gpus.iter()
+        .map(|gpu| {
+            let Some(cfg) = spec
+                .and_then(|s| config_for(s, gpu))
+                .filter(|c| !c.alternatives.is_empty())
+            else {
+                return Vec::new();
+            };
+            let l = layout(gpu);
+            let applied = applied(gpu.index);
+            let mut out: Vec<GpuOffer> = Vec::new();
+            let shapes = std::iter::once(cfg.clone())
+                .chain(cfg.alternatives.iter().map(|a| cfg.switched_to(a)));
+            for shape in shapes {
+                let mut warnings = Vec::new();
+                let offer = from_config(gpu, l, &shape, &mut warnings);
+                if warnings.is_empty() && Some(&offer) != applied.as_ref() && !out.contains(&offer)
+                {
+                    out.push(offer);
+                }
+            }
+            out
+        })
+        .collect()
+}
+
 /// What is wrong with spec entries that configure no GPU: an index the node does not
 /// have, or the UUID of another GPU than the one at that index (a board swapped since
 /// the spec was written). Such entries are ignored; the GPU at the index offers the

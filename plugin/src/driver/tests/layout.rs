@@ -364,6 +364,7 @@ fn what_each_gpu_holds_ahead_of_claims_follows_its_offer_and_spec_entry() {
         mps: None,
         time_slicing: None,
         allow_gpu_reset: allow,
+        alternatives: Vec::new(),
     };
     let spec = GpuNodeSpec {
         gpus: vec![

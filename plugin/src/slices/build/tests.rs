@@ -41,6 +41,7 @@ struct Gpu {
     offer: GpuOffer,
     occupancy: Occupancy,
     blocked: Occupancy,
+    latent: Vec<GpuOffer>,
 }
 
 fn dynamic_h100(index: u32) -> Gpu {
@@ -52,6 +53,7 @@ fn dynamic_h100(index: u32) -> Gpu {
         },
         occupancy: Occupancy::new(),
         blocked: Occupancy::new(),
+        latent: vec![],
     }
 }
 
@@ -79,6 +81,7 @@ fn an_a100_offers_only_what_its_current_mig_mode_allows() {
             offer: &offer,
             occupancy: &occ,
             blocked: &occ,
+            latent: &[],
         };
         let pool = build_pool(&[view], None);
         let names: Vec<_> = pool.device_names().collect();
@@ -105,6 +108,7 @@ fn exclusive_l4(index: u32) -> Gpu {
         offer: GpuOffer::Exclusive,
         occupancy: Occupancy::new(),
         blocked: Occupancy::new(),
+        latent: vec![],
     }
 }
 
@@ -117,6 +121,7 @@ fn build_with(gpus: &[Gpu], driver_version: Option<&str>) -> DesiredPool {
             offer: &g.offer,
             occupancy: &g.occupancy,
             blocked: &g.blocked,
+            latent: &g.latent,
         })
         .collect();
     build_pool(&views, driver_version)
@@ -898,6 +903,7 @@ fn placements_overlapping_instances_tessera_did_not_make_are_not_offered() {
     let gpu = Gpu {
         occupancy: foreign.clone(),
         blocked: foreign.clone(),
+        latent: vec![],
         ..dynamic_h100(0)
     };
     let names: Vec<String> = build(&[gpu]).device_names().map(str::to_string).collect();
@@ -939,6 +945,7 @@ fn placements_overlapping_instances_tessera_did_not_make_are_not_offered() {
         },
         occupancy: foreign.clone(),
         blocked: foreign,
+        latent: vec![],
         ..dynamic_h100(0)
     };
     assert_eq!(build(&[mps]).device_names().count(), 0);
