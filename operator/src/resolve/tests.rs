@@ -476,3 +476,114 @@ fn a_move_back_to_the_strategy_the_gpu_still_runs_is_written_under_its_claims() 
     assert_eq!(r.specs["a"].gpus[0].strategy, SharingStrategy::Mps);
     assert!(r.waiting.contains(&("a".to_string(), 0)));
 }
+
+fn binding_policy(strategies: Vec<SharingStrategy>, mig: MigPolicy) -> PolicyView {
+    let mut p = policy("ad", 0, SharingStrategy::Adaptive);
+    p.spec.mig = Some(mig);
+    p.spec.adaptive = Some(AdaptivePolicy {
+        strategies,
+        cooldown: None,
+        binding_conditions: true,
+    });
+    p
+}
+
+fn alternative_strategies(r: &Resolution) -> Vec<SharingStrategy> {
+    r.specs["a"].gpus[0]
+        .alternatives
+        .iter()
+        .map(|a| a.strategy)
+        .collect()
+}
+
+#[test]
+fn a_binding_conditions_gpu_lists_its_other_strategies_as_alternatives() {
+    let p = binding_policy(
+        vec![
+            SharingStrategy::Mig,
+            SharingStrategy::Mps,
+            SharingStrategy::TimeSlicing,
+        ],
+        MigPolicy::default(),
+    );
+    let h100 = GpuState {
+        mig_capable: true,
+        mig_enabled: true,
+        ..gpu(0, H100)
+    };
+    let r = resolve(&snapshot(
+        vec![p.clone()],
+        vec![("a", node(&[], vec![h100.clone()]))],
+    ));
+    let entry = &r.specs["a"].gpus[0];
+    assert_eq!(entry.strategy, SharingStrategy::Mig);
+    assert_eq!(
+        alternative_strategies(&r),
+        vec![SharingStrategy::Mps, SharingStrategy::TimeSlicing]
+    );
+    assert!(entry.alternatives[0].mps.is_some());
+    assert!(entry.alternatives[1].time_slicing.is_some());
+
+    // In its cooldown the GPU lists none, and is not held back for that.
+    let mut s = snapshot(vec![p.clone()], vec![("a", node(&[], vec![h100]))]);
+    s.cooling.insert(("a".into(), 0));
+    let r = resolve(&s);
+    assert_eq!(r.specs["a"].gpus[0].strategy, SharingStrategy::Mig);
+    assert!(alternative_strategies(&r).is_empty());
+
+    // The reactive planner's policies never list alternatives.
+    let mut planner = p;
+    planner.spec.adaptive.as_mut().unwrap().binding_conditions = false;
+    let r = resolve(&snapshot(
+        vec![planner],
+        vec![("a", node(&[], vec![gpu(0, H100)]))],
+    ));
+    assert!(alternative_strategies(&r).is_empty());
+}
+
+#[test]
+fn alternatives_leave_out_static_mig_and_resets_the_policy_does_not_allow() {
+    // A static layout is not a shape the scheduler picks for one claim.
+    let p = binding_policy(
+        vec![SharingStrategy::Mps, SharingStrategy::Mig],
+        MigPolicy {
+            mode: MigMode::Static,
+            layout: vec![MigLayoutEntry {
+                profile: MigProfileName("3g.40gb".into()),
+                count: 2,
+            }],
+            ..MigPolicy::default()
+        },
+    );
+    let h100 = GpuState {
+        mig_capable: true,
+        ..gpu(0, H100)
+    };
+    let r = resolve(&snapshot(vec![p], vec![("a", node(&[], vec![h100]))]));
+    assert_eq!(r.specs["a"].gpus[0].strategy, SharingStrategy::Mps);
+    assert!(alternative_strategies(&r).is_empty());
+
+    // An A100 out of MIG needs a reset to enter it: only with allowGpuReset.
+    let mps_first = || {
+        binding_policy(
+            vec![SharingStrategy::Mps, SharingStrategy::Mig],
+            MigPolicy::default(),
+        )
+    };
+    let r = resolve(&snapshot(
+        vec![mps_first()],
+        vec![("a", node(&[], vec![a100(false, false)]))],
+    ));
+    assert!(alternative_strategies(&r).is_empty());
+
+    let mut may_reset = mps_first();
+    may_reset.spec.repartition = Some(tessera_api::policy::RepartitionPolicy {
+        allow_gpu_reset: true,
+        drain_timeout: None,
+    });
+    let r = resolve(&snapshot(
+        vec![may_reset],
+        vec![("a", node(&[], vec![a100(false, false)]))],
+    ));
+    assert_eq!(alternative_strategies(&r), vec![SharingStrategy::Mig]);
+}

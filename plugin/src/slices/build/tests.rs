@@ -950,3 +950,155 @@ fn placements_overlapping_instances_tessera_did_not_make_are_not_offered() {
     };
     assert_eq!(build(&[mps]).device_names().count(), 0);
 }
+
+fn mps_offer() -> GpuOffer {
+    GpuOffer::Mps {
+        max_clients: 4,
+        default_thread_percentage: 25,
+        default_memory_mib: 20_000,
+    }
+}
+
+#[test]
+fn latent_devices_come_after_every_ready_device_with_the_binding_conditions() {
+    let mig_with_mps = Gpu {
+        latent: vec![mps_offer()],
+        ..dynamic_h100(0)
+    };
+    let pool = build(&[mig_with_mps, dynamic_h100(1)]);
+    // Ready slices of both GPUs first, then GPU 0's latent slice.
+    let gpus: Vec<u32> = pool.device_slices.iter().map(|(g, _)| *g).collect();
+    assert_eq!(gpus.len(), 3);
+    assert_eq!(gpus[2], 0);
+    for (_, devices) in &pool.device_slices[..2] {
+        assert!(devices.iter().all(|d| d.binding_conditions.is_none()));
+    }
+    let latent = &pool.device_slices[2].1;
+    assert_eq!(
+        latent.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(),
+        ["gpu-0-mps"]
+    );
+    let d = &latent[0];
+    assert_eq!(
+        d.binding_conditions.as_deref(),
+        Some([SWITCHED_CONDITION.to_string()].as_slice())
+    );
+    assert_eq!(
+        d.binding_failure_conditions.as_deref(),
+        Some([SWITCH_FAILED_CONDITION.to_string()].as_slice())
+    );
+    // The latent share takes the whole counter set, as the whole GPU does, so it never
+    // goes with a MIG placement of the same GPU.
+    let whole = device(&pool.device_slices[0].1, "gpu-0");
+    assert_eq!(d.consumes_counters, whole.consumes_counters);
+    assert!(d.consumes_counters.is_some());
+}
+
+#[test]
+fn a_gpu_with_latent_devices_makes_every_device_consume_its_counters() {
+    let mps_with_mig = Gpu {
+        offer: mps_offer(),
+        latent: vec![GpuOffer::DynamicMig {
+            allowed_profile_ids: vec![],
+        }],
+        ..dynamic_h100(0)
+    };
+    let pool = build(&[mps_with_mig]);
+    // The MPS GPU now has a counter set, and its ready share consumes all of it.
+    assert_eq!(pool.counter_slices.concat().len(), 1);
+    let ready = &pool.device_slices[0].1;
+    assert_eq!(ready.len(), 1);
+    let full = ready[0].consumes_counters.clone().unwrap();
+    assert_eq!(full[0].counter_set, "gpu-0-counters");
+    // Every placement and the whole GPU are latent.
+    let latent = &pool.device_slices[1].1;
+    assert_eq!(
+        latent.len(),
+        26,
+        "{:?}",
+        latent.iter().map(|d| &d.name).collect::<Vec<_>>()
+    );
+    assert!(
+        latent
+            .iter()
+            .all(|d| d.binding_conditions.is_some() && d.consumes_counters.is_some())
+    );
+    assert_eq!(
+        device(latent, "gpu-0").consumes_counters.as_ref(),
+        Some(&full)
+    );
+}
+
+#[test]
+fn a_gpu_without_mig_gets_a_one_unit_counter_for_its_latent_shapes() {
+    let l4 = Gpu {
+        latent: vec![mps_offer()],
+        ..exclusive_l4(0)
+    };
+    let pool = build(&[l4]);
+    let sets = pool.counter_slices.concat();
+    assert_eq!(sets.len(), 1);
+    assert_eq!(sets[0].counters.keys().collect::<Vec<_>>(), ["gpu"]);
+    let ready = &pool.device_slices[0].1;
+    let latent = &pool.device_slices[1].1;
+    assert_eq!(ready[0].name, "gpu-0");
+    assert_eq!(latent[0].name, "gpu-0-mps");
+    assert_eq!(ready[0].consumes_counters, latent[0].consumes_counters);
+}
+
+#[test]
+fn a_latent_shape_publishes_no_name_the_ready_one_has() {
+    // A time-sliced GPU is `gpu-N` as the whole GPU is: latent Exclusive adds nothing.
+    let ts = Gpu {
+        offer: GpuOffer::TimeSlicing {
+            max_clients: 4,
+            interval: tessera_gpu::backend::TimeSlice::Default,
+        },
+        latent: vec![GpuOffer::Exclusive, mps_offer()],
+        ..exclusive_l4(0)
+    };
+    let pool = build(&[ts]);
+    let names: Vec<&str> = all_devices(&pool).map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["gpu-0", "gpu-0-mps"]);
+}
+
+#[test]
+fn a_gpu_someone_else_partitioned_publishes_no_latent_shape() {
+    let mut blocked = Occupancy::new();
+    blocked
+        .place(
+            h100(),
+            Placement {
+                profile_id: h100().profile_by_name("1g.10gb").unwrap().profile_id,
+                start: 0,
+            },
+            0,
+        )
+        .unwrap();
+    let foreign = Gpu {
+        blocked,
+        latent: vec![mps_offer()],
+        ..dynamic_h100(0)
+    };
+    let pool = build(&[foreign]);
+    assert!(all_devices(&pool).all(|d| d.binding_conditions.is_none()));
+}
+
+#[test]
+fn offer_device_names_are_the_names_the_offer_publishes() {
+    let info = h100_info(0);
+    assert_eq!(
+        offer_device_names(&info, Some(h100()), &mps_offer()),
+        ["gpu-0-mps"]
+    );
+    let mig = offer_device_names(
+        &info,
+        Some(h100()),
+        &GpuOffer::DynamicMig {
+            allowed_profile_ids: vec![],
+        },
+    );
+    assert_eq!(mig.len(), 26);
+    assert!(mig.contains(&"gpu-0".to_string()));
+    assert!(mig.contains(&"gpu-0-mig-1g-10gb-6".to_string()));
+}

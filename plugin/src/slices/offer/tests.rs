@@ -365,3 +365,50 @@ fn static_mode_instances_become_placements_and_invalid_ones_are_dropped_with_a_w
     assert!(warnings[1].contains("1g.18gb at 0") && warnings[1].contains("no such MIG profile"));
     assert!(warnings[2].contains("1g.10gb at 300"));
 }
+
+fn with_alternatives(strategy: SharingStrategy, alternatives: serde_json::Value) -> GpuNodeSpec {
+    serde_json::from_value(json!({"gpus": [{
+        "index": 0, "strategy": strategy, "policy": "p",
+        "mig": {"mode": "Dynamic"},
+        "alternatives": alternatives,
+    }]}))
+    .unwrap()
+}
+
+#[test]
+fn latent_offers_are_the_entry_and_its_alternatives_less_what_the_gpu_publishes() {
+    let gpus = node();
+    let spec = with_alternatives(
+        SharingStrategy::Mig,
+        json!([{"strategy": "MPS", "mps": {"maxClients": 4}}]),
+    );
+    let layout = |g: &GpuInfo| (g.index == 0).then(h100);
+    let (offers, _) = resolve_offers(&gpus, layout, Some(&spec), DefaultStrategy::Exclusive);
+    let mps = match latent_offers(&gpus, layout, Some(&spec), |_| Some(offers[0].clone()))
+        .remove(0)
+        .as_slice()
+    {
+        [o @ GpuOffer::Mps { max_clients: 4, .. }] => o.clone(),
+        other => panic!("{other:?}"),
+    };
+    // Switched to MPS (the spec not followed yet), the entry's own MIG is the latent one.
+    let back = latent_offers(&gpus, layout, Some(&spec), |_| Some(mps.clone()));
+    assert_eq!(back[0], [offers[0].clone()]);
+    // A GPU without alternatives, or without an entry, has none.
+    assert!(back[1].is_empty());
+    let plain = with_alternatives(SharingStrategy::Mig, json!([]));
+    assert!(latent_offers(&gpus, layout, Some(&plain), |_| None)[0].is_empty());
+}
+
+#[test]
+fn a_latent_shape_the_gpu_cannot_take_is_left_out() {
+    // MIG on an L4 would fall back to the whole GPU, which is no switch to MIG.
+    let gpus = vec![gpu("l4", 0, "GPU-11111111-1b2c-3d4e-5f60-718293a4b5c6")];
+    let spec = with_alternatives(
+        SharingStrategy::Exclusive,
+        json!([{"strategy": "MIG", "mig": {}}]),
+    );
+    assert!(
+        latent_offers(&gpus, |_| None, Some(&spec), |_| Some(GpuOffer::Exclusive))[0].is_empty()
+    );
+}
