@@ -104,11 +104,63 @@ pub struct Run {
     /// The operator's decision to the plugin reporting the new strategy, per trial, in ms
     /// (the policy's `lastChanges[].seconds`).
     pub move_ms: Vec<f64>,
+    /// When each step of each trial was first seen, from pod creation.
+    pub steps: Vec<Steps>,
+}
+
+/// When a trial's pod reached each step, in ms from its creation, as polled (`None`: not
+/// seen, e.g. a pod the scheduler placed at its first attempt is never unschedulable).
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Steps {
+    /// The claim controller made the pod's claim from its template.
+    pub claim: Option<f64>,
+    /// The scheduler found no device: `PodScheduled=False`, `Unschedulable`.
+    pub unschedulable: Option<f64>,
+    /// The claim has an allocation.
+    pub allocated: Option<f64>,
+    /// The pod is bound to the node.
+    pub bound: Option<f64>,
+    /// The pod is `Running`.
+    pub running: Option<f64>,
+}
+
+impl Steps {
+    /// In order: what [`Run::step_medians`] and the breakdown's columns follow.
+    fn at(&self) -> [Option<f64>; 5] {
+        [
+            self.claim,
+            self.unschedulable,
+            self.allocated,
+            self.bound,
+            self.running,
+        ]
+    }
 }
 
 impl Run {
     fn pod(&self, q: f64) -> f64 {
         quantile(&self.pod_ms, q)
+    }
+
+    /// The median time from the step before (the last one seen) to each step, over the
+    /// trials that saw it.
+    fn step_medians(&self) -> [f64; 5] {
+        let mut out = [f64::NAN; 5];
+        for (i, slot) in out.iter_mut().enumerate() {
+            let gaps: Vec<f64> = self
+                .steps
+                .iter()
+                .filter_map(|s| {
+                    let at = s.at();
+                    let this = at[i]?;
+                    let before = at[..i].iter().rev().find_map(|t| *t).unwrap_or(0.0);
+                    Some(this - before)
+                })
+                .collect();
+            *slot = quantile(&gaps, 0.5);
+        }
+        out
     }
 }
 
@@ -193,6 +245,28 @@ impl fmt::Display for Report {
                 quantile(&r.move_ms, 0.99),
             )?;
         }
+        writeln!(
+            f,
+            "\nwhere the time goes (median ms from the step before; a step not seen in a trial is left out):"
+        )?;
+        write!(f, "{:<58}", "configuration")?;
+        for n in [
+            "created->claim",
+            "->unschedulable",
+            "->allocated",
+            "->bound",
+            "->running",
+        ] {
+            write!(f, " {n:>15}")?;
+        }
+        writeln!(f)?;
+        for r in &self.runs {
+            write!(f, "{:<58}", r.config.name)?;
+            for m in r.step_medians() {
+                write!(f, " {m:>15.0}")?;
+            }
+            writeln!(f)?;
+        }
         Ok(())
     }
 }
@@ -247,6 +321,7 @@ pub async fn adaptive_latency(
             config: config.clone(),
             pod_ms: Vec::new(),
             move_ms: Vec::new(),
+            steps: Vec::new(),
         };
         for i in 0..opts.trials {
             let want = if now == SharingStrategy::Mig {
@@ -255,10 +330,11 @@ pub async fn adaptive_latency(
                 SharingStrategy::Mig
             };
             let name = format!("trial-{i}");
-            let took = trial(&client, &name, want)
+            let (took, steps) = trial(&client, &name, want)
                 .await
                 .with_context(|| format!("trial {i} ({})\n{}", want.as_str(), op.log_tail(30)))?;
             run.pod_ms.push(ms(took));
+            run.steps.push(steps);
             let moved = last_move(&client).await;
             ensure!(
                 moved.as_ref().is_some_and(
@@ -321,13 +397,13 @@ async fn last_move(
     .ok()
 }
 
-/// Creates a pod asking for `want`, times it to `Running`, then deletes it and waits
-/// until its claim is gone (the GPU idle again).
+/// Creates a pod asking for `want`, times it to `Running` (and each step on the way),
+/// then deletes it and waits until its claim is gone (the GPU idle again).
 async fn trial(
     client: &kube::Client,
     name: &str,
     want: SharingStrategy,
-) -> anyhow::Result<Duration> {
+) -> anyhow::Result<(Duration, Steps)> {
     let request = match want {
         SharingStrategy::Mps => cluster::GpuRequest {
             class: "mps.tessera.dev",
@@ -341,16 +417,41 @@ async fn trial(
         },
     };
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+    let mut steps = Steps::default();
     let t0 = Instant::now();
     cluster::create_claim_pod(client, NS, name, request).await?;
     let took = loop {
-        let running = pods
-            .get(name)
-            .await
-            .ok()
+        let pod = pods.get(name).await.ok();
+        let now = ms(t0.elapsed());
+        let mark = |slot: &mut Option<f64>, seen: bool| {
+            if seen && slot.is_none() {
+                *slot = Some(now);
+            }
+        };
+        if steps.allocated.is_none() {
+            let listed = claims.list(&ListParams::default()).await.ok();
+            let claim = listed.as_ref().and_then(|l| l.items.first());
+            mark(&mut steps.claim, claim.is_some());
+            mark(
+                &mut steps.allocated,
+                claim.is_some_and(|c| c.status.as_ref().is_some_and(|s| s.allocation.is_some())),
+            );
+        }
+        mark(
+            &mut steps.unschedulable,
+            pod.as_ref().is_some_and(cluster::unschedulable),
+        );
+        mark(
+            &mut steps.bound,
+            pod.as_ref()
+                .is_some_and(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some())),
+        );
+        let running = pod
             .and_then(|p| p.status?.phase)
             .is_some_and(|p| p == "Running");
         if running {
+            steps.running = Some(now);
             break t0.elapsed();
         }
         ensure!(
@@ -361,7 +462,6 @@ async fn trial(
     };
     pods.delete(name, &DeleteParams::default().grace_period(0))
         .await?;
-    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
     eventually("the trial's claim to be gone", TRIAL_TIMEOUT, || async {
         claims
             .list(&ListParams::default())
@@ -372,5 +472,5 @@ async fn trial(
             .then_some(())
     })
     .await?;
-    Ok(took)
+    Ok((took, steps))
 }

@@ -56,12 +56,17 @@ pub struct Args {
     #[arg(long, default_value_t = 1000)]
     pub nodes: usize,
     /// Measure adaptive sharing instead: pod created to running when its GPU must change
-    /// shape first, with the batching window at zero and at its default.
+    /// shape first: the reactive planner and the binding-conditions path, each with the
+    /// batching window at zero and at its default.
     #[arg(long, conflicts_with = "operator")]
     pub adaptive: bool,
     /// Trials per configuration in the adaptive benchmark.
     #[arg(long, default_value_t = 50)]
     pub trials: usize,
+    /// Adaptive benchmark: only the configurations whose name contains this text, e.g.
+    /// `planner`, `binding`, `window zero`, `defaults`.
+    #[arg(long, requires = "adaptive")]
+    pub only: Option<String>,
     /// Measure load instead: `--claims` pods (default 1,000) with a claim each, created
     /// at once on three nodes with the operator; API writes per claim, peak memory.
     #[arg(long, conflicts_with_all = ["operator", "adaptive"])]
@@ -131,6 +136,9 @@ pub fn run(args: Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     if args.adaptive {
         cmd.arg("--adaptive")
             .args(["--trials", &args.trials.to_string()]);
+        if let Some(only) = &args.only {
+            cmd.args(["--only", only]);
+        }
     }
     if args.load {
         cmd.arg("--load");
@@ -186,10 +194,17 @@ fn measure_operator(args: &Args, rt: &tokio::runtime::Runtime) -> anyhow::Result
 
 /// The adaptive measurement, in this process.
 fn measure_adaptive(args: &Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
-    let opts = tessera_e2e::bench_adaptive::Options {
+    let mut opts = tessera_e2e::bench_adaptive::Options {
         trials: args.trials,
         ..tessera_e2e::bench_adaptive::Options::default()
     };
+    if let Some(only) = &args.only {
+        opts.configs.retain(|c| c.name.contains(only.as_str()));
+        anyhow::ensure!(
+            !opts.configs.is_empty(),
+            "--only {only:?} matches no configuration (their names: planner|binding conditions, window zero|defaults)"
+        );
+    }
     let started = std::time::Instant::now();
     let progress = |line: &str| println!("    [{:>6.1}s] {line}", started.elapsed().as_secs_f64());
     let report = rt.block_on(tessera_e2e::bench_adaptive::adaptive_latency(
