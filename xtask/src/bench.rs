@@ -188,8 +188,11 @@ fn measure_operator(args: &Args, rt: &tokio::runtime::Runtime) -> anyhow::Result
     let report = rt.block_on(tessera_e2e::bench_operator::operator_scale(
         &opts, &progress,
     ))?;
-    let met = report.all_targets_met();
-    print_report(&report, Some(met), args.json.as_deref())
+    print_report(
+        &report,
+        Some(report.all_targets_met()),
+        args.json.as_deref(),
+    )
 }
 
 /// The adaptive measurement, in this process.
@@ -210,8 +213,7 @@ fn measure_adaptive(args: &Args, rt: &tokio::runtime::Runtime) -> anyhow::Result
     let report = rt.block_on(tessera_e2e::bench_adaptive::adaptive_latency(
         &opts, &progress,
     ))?;
-    let met = report.all_targets_met();
-    print_report(&report, Some(met), args.json.as_deref())
+    print_report(&report, report.all_targets_met(), args.json.as_deref())
 }
 
 /// The load measurement, in this process.
@@ -247,8 +249,11 @@ fn measure(args: &Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let progress = |line: &str| println!("    [{:>6.1}s] {line}", started.elapsed().as_secs_f64());
     let report = rt.block_on(bench::plugin_overhead(&opts, &progress))?;
-    let met = report.all_targets_met();
-    print_report(&report, Some(met), args.json.as_deref())
+    print_report(
+        &report,
+        Some(report.all_targets_met()),
+        args.json.as_deref(),
+    )
 }
 
 /// Prints a report and whether its targets were met (`None`: it has none), and writes it
