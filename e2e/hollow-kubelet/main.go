@@ -115,11 +115,33 @@ func run(ctx context.Context, kubeconfig, nodeName, rootDir string, labels map[s
 		return fmt.Errorf("load kubeconfig %s: %w", kubeconfig, err)
 	}
 	clientConfig.UserAgent = "tessera-hollow-kubelet"
+	f, c := kubeletConfig(nodeName, rootDir, labels, maxPods)
+	// As the kubelet's buildKubeletClientConfig (cmd/kubelet/app/server.go): its API
+	// client is throttled at kubeAPIQPS/kubeAPIBurst and speaks its content type. A bare
+	// client-go config would throttle at client-go's own defaults, far below a real
+	// kubelet's, and a pod's start would queue behind the previous pod's teardown calls.
+	clientConfig.QPS = float32(c.KubeAPIQPS)
+	clientConfig.Burst = int(c.KubeAPIBurst)
+	clientConfig.ContentType = c.ContentType
+	if c.ContentType == "application/vnd.kubernetes.protobuf" {
+		clientConfig.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	}
 	client, err := clientset.NewForConfig(clientConfig)
 	if err != nil {
 		return fmt.Errorf("create client: %w", err)
 	}
-	f, c := kubeletConfig(nodeName, rootDir, labels, maxPods)
+	// Events go through their own client at eventRecordQPS/eventBurst, as in the
+	// kubelet, so a burst of events never delays a status update.
+	eventConfig := *clientConfig
+	eventConfig.QPS = float32(c.EventRecordQPS)
+	if c.EventRecordQPS == 0 {
+		eventConfig.QPS = -1 // the kubelet's meaning of zero: no limit
+	}
+	eventConfig.Burst = int(c.EventBurst)
+	eventClient, err := clientset.NewForConfig(&eventConfig)
+	if err != nil {
+		return fmt.Errorf("create event client: %w", err)
+	}
 
 	// As kubemark: the heartbeat client times out within a lease period and is not
 	// rate-limited, so node status never queues behind other requests.
@@ -165,7 +187,7 @@ func run(ctx context.Context, kubeconfig, nodeName, rootDir string, labels map[s
 	// server, where tests read what a user would see in kubectl describe pod
 	// (FailedPrepareDynamicResources and the like). RunKubelet makes it when none is set.
 	hollow.KubeletDeps.Recorder = nil
-	hollow.KubeletDeps.EventClient = client.CoreV1()
+	hollow.KubeletDeps.EventClient = eventClient.CoreV1()
 	if err := kubeletapp.RunKubelet(ctx, &options.KubeletServer{
 		KubeletFlags:         *hollow.KubeletFlags,
 		KubeletConfiguration: *hollow.KubeletConfiguration,
