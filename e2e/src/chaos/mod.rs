@@ -147,6 +147,29 @@ const ETCD_DOWN: Duration = Duration::from_secs(3);
 
 /// Whether the kubelet reported a failed prepare for `pod` (its
 /// `FailedPrepareDynamicResources` event).
+/// The kubelet's `FailedPrepareDynamicResources` events on `node`, by event name, with
+/// their counts: a refusal shows as a new name or a higher count.
+async fn node_refusals(
+    client: &kube::Client,
+    node: &str,
+) -> std::collections::BTreeMap<String, (String, i32)> {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), NAMESPACE);
+    let Ok(list) = events
+        .list(&ListParams::default().fields("reason=FailedPrepareDynamicResources"))
+        .await
+    else {
+        return std::collections::BTreeMap::new();
+    };
+    list.items
+        .into_iter()
+        .filter(|e| e.source.as_ref().and_then(|s| s.host.as_deref()) == Some(node))
+        .filter_map(|e| {
+            let pod = e.involved_object.name?;
+            Some((e.metadata.name?, (pod, e.count.unwrap_or(1))))
+        })
+        .collect()
+}
+
 async fn prepare_refused(client: &kube::Client, pod: &str) -> bool {
     let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), NAMESPACE);
     events
@@ -645,26 +668,36 @@ impl Campaign<'_> {
                 n.fill_state_dir(true)?;
             }
         }
+        let before = node_refusals(&self.client, node).await;
         let pod = self.create_pod(shape).await?;
         // The wait is for the kubelet's verdict, not a fixed time: the scheduler may take a
         // while to see the departed pod's device free, and only then is there a prepare to
-        // refuse. A pod that runs on the broken directory is a prepare that was not refused.
+        // refuse. The freed device may go to a pod that was already pending on that node
+        // rather than the new one: any prepare refused there met the broken directory. A
+        // pod that runs on the broken directory is a prepare that was not refused.
         let refused = eventually(
-            &format!("the prepare of {pod} to meet the {how} state directory"),
+            &format!("a prepare on {node} to meet the {how} state directory"),
             SETTLE,
             || async {
                 if prepare_refused(&self.client, &pod).await {
-                    return Some(true);
+                    return Some(Some(pod.clone()));
+                }
+                let now = node_refusals(&self.client, node).await;
+                if let Some((other, _)) = now.iter().find_map(|(name, (p, count))| {
+                    let new = before.get(name).is_none_or(|(_, c)| count > c);
+                    new.then_some((p.clone(), *count))
+                }) {
+                    return Some(Some(other));
                 }
                 let running =
                     pods.get_opt(&pod).await.ok().flatten().is_some_and(|p| {
                         p.status.and_then(|s| s.phase).as_deref() == Some("Running")
                     });
-                running.then_some(false)
+                running.then_some(None)
             },
         )
         .await
-        .unwrap_or(false);
+        .unwrap_or(None);
         let t0 = Instant::now();
         {
             let n = self.node_mut(node)?;
@@ -674,13 +707,13 @@ impl Campaign<'_> {
                 n.fill_state_dir(false)?;
             }
         }
-        if refused {
+        if let Some(refused) = refused {
             *self
                 .report
                 .state_dir_refusals
                 .entry(how.to_string())
                 .or_insert(0) += 1;
-            cluster::wait_pod_running(&self.client, NAMESPACE, &pod, SETTLE).await?;
+            cluster::wait_pod_running(&self.client, NAMESPACE, &refused, SETTLE).await?;
         }
         self.serving(node).await?;
         self.report.recovered(Fault::StateDir.name(), t0.elapsed());
