@@ -212,6 +212,12 @@ pub struct GpuState {
     /// MPS daemon state, when the GPU is shared with MPS.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mps: Option<MpsState>,
+    /// Every claim the plugin has prepared on this GPU or is preparing, whatever the
+    /// strategy, until the plugin has unprepared it. A GPU that lists one is in use even when the scheduler no
+    /// longer shows an allocation (a pod deleted with `--force` is gone from the API
+    /// before its node has released the GPU), so its shape does not change.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prepared_claims: Vec<ClaimRef>,
     /// Health as reported by the driver.
     #[serde(default)]
     pub health: GpuHealth,

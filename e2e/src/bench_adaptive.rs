@@ -469,8 +469,11 @@ async fn trial(
         );
         tokio::time::sleep(POLL).await;
     };
-    pods.delete(name, &DeleteParams::default().grace_period(0))
-        .await?;
+    // A graceful delete, as a finished workload's: the pod object goes only once its
+    // kubelet has unprepared the claim, so the next trial finds the GPU idle. A forced
+    // one removes the claim while the node still holds it, and the next trial would time
+    // the previous pod's teardown too.
+    pods.delete(name, &DeleteParams::default()).await?;
     eventually("the trial's claim to be gone", TRIAL_TIMEOUT, || async {
         claims
             .list(&ListParams::default())

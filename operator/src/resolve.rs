@@ -52,8 +52,29 @@ pub struct NodeView {
     pub spec: GpuNodeSpec,
     /// The GPUs its plugin reports.
     pub gpus: Vec<GpuState>,
-    /// Claims allocated on each GPU (by index), as `namespace/name`.
+    /// Claims that hold each GPU (by index), as `namespace/name`: those the scheduler
+    /// allocated on it and those its plugin has prepared there (see [`NodeView::users`]).
     pub allocated: BTreeMap<u32, BTreeSet<String>>,
+}
+
+impl NodeView {
+    /// The claims that hold each GPU: `allocated` by the scheduler, and those the plugin
+    /// reports prepared in `gpus`. The plugin changes no GPU that either holds, so
+    /// neither may the operator count it idle: a claim whose pod was deleted with
+    /// `--force` loses its allocation before its node has unprepared it.
+    pub fn users(
+        mut allocated: BTreeMap<u32, BTreeSet<String>>,
+        gpus: &[GpuState],
+    ) -> BTreeMap<u32, BTreeSet<String>> {
+        for g in gpus.iter().filter(|g| !g.prepared_claims.is_empty()) {
+            allocated.entry(g.index).or_default().extend(
+                g.prepared_claims
+                    .iter()
+                    .map(|c| format!("{}/{}", c.namespace, c.name)),
+            );
+        }
+        allocated
+    }
 }
 
 /// Everything resolution reads.

@@ -319,15 +319,16 @@ impl Caches {
                 let name = g.name_any();
                 let spec = written(&name, g.metadata.resource_version.as_deref())
                     .unwrap_or_else(|| g.spec.clone());
+                let gpus = g
+                    .status
+                    .as_ref()
+                    .map(|s| s.gpus.clone())
+                    .unwrap_or_default();
                 let view = NodeView {
                     labels: labels.get(&name).cloned(),
                     spec,
-                    gpus: g
-                        .status
-                        .as_ref()
-                        .map(|s| s.gpus.clone())
-                        .unwrap_or_default(),
-                    allocated: supply.claims_on(&name),
+                    allocated: NodeView::users(supply.claims_on(&name), &gpus),
+                    gpus,
                 };
                 (name, view)
             })

@@ -224,6 +224,7 @@ fn gpu_state(input: &StatusInput<'_>, info: &GpuInfo, offer: &GpuOffer) -> GpuSt
             clients: mps_clients_of(input.checkpoint, info.index),
         }),
         instances,
+        prepared_claims: prepared_on(input.checkpoint, info.index),
         health: match health {
             Some(h) if !h.healthy => GpuHealth::Unhealthy,
             _ => GpuHealth::Healthy,
@@ -288,6 +289,19 @@ fn mps_clients_of(cp: &Checkpoint, gpu: u32) -> Vec<MpsClientState> {
             _ => None,
         })
         .collect()
+}
+
+/// The claims the checkpoint holds on a GPU, prepared or with a prepare under way (which
+/// holds the GPU as much as a finished one), by namespace and name.
+fn prepared_on(cp: &Checkpoint, gpu: u32) -> Vec<ClaimRef> {
+    let mut claims: Vec<ClaimRef> = cp
+        .claims
+        .values()
+        .filter(|r| r.devices.iter().any(|d| d.gpu == gpu))
+        .map(claim_ref)
+        .collect();
+    claims.sort_by(|a, b| (&a.namespace, &a.name, &a.uid).cmp(&(&b.namespace, &b.name, &b.uid)));
+    claims
 }
 
 fn claim_ref(r: &crate::checkpoint::ClaimRecord) -> ClaimRef {

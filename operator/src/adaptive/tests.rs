@@ -133,6 +133,38 @@ fn waiting_mps_claims_move_an_idle_mig_gpu_and_never_one_in_use() {
 }
 
 #[test]
+fn a_gpu_its_plugin_reports_a_claim_prepared_on_is_not_idle_without_an_allocation() {
+    // GPU 1's pod was deleted with --force: its claim has no allocation any more, but
+    // the plugin has not unprepared it yet.
+    let mut held = gpu(1, H100, true);
+    held.prepared_claims = vec![tessera_api::gpunode::ClaimRef {
+        namespace: "ns".into(),
+        name: "forced".into(),
+        uid: "u".into(),
+    }];
+    let gpus = vec![gpu(0, H100, true), held, gpu(2, H100, true)];
+    // GPU 0 is allocated, GPU 2 idle: the move goes to GPU 2.
+    let allocated = node(Vec::new(), &[0]).allocated;
+    let view = NodeView {
+        allocated: NodeView::users(allocated.clone(), &gpus),
+        ..node(gpus.clone(), &[])
+    };
+    let s = snapshot(adaptive(MIG_MPS.to_vec(), None), vec![("a", view)]);
+    assert_eq!(
+        planned(&s, &wants(mps_share(), 1), &BTreeMap::new()),
+        [("a".into(), 2, SharingStrategy::Mig, SharingStrategy::Mps)]
+    );
+    // Without GPU 2, nothing may move.
+    let gpus = gpus[..2].to_vec();
+    let view = NodeView {
+        allocated: NodeView::users(allocated, &gpus),
+        ..node(gpus, &[])
+    };
+    let s = snapshot(adaptive(MIG_MPS.to_vec(), None), vec![("a", view)]);
+    assert!(planned(&s, &wants(mps_share(), 1), &BTreeMap::new()).is_empty());
+}
+
+#[test]
 fn an_idle_gpu_already_in_the_strategy_leaves_the_demand_to_the_scheduler() {
     let mut s = snapshot(
         adaptive(MIG_MPS.to_vec(), None),

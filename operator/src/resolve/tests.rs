@@ -587,3 +587,26 @@ fn alternatives_leave_out_static_mig_and_resets_the_policy_does_not_allow() {
     ));
     assert_eq!(alternative_strategies(&r), vec![SharingStrategy::Mig]);
 }
+
+#[test]
+fn the_claims_holding_a_gpu_are_its_allocations_and_the_claims_its_plugin_prepared() {
+    let claim = |name: &str| ClaimRef {
+        namespace: "ns".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+    };
+    let mut g0 = gpu(0, "NVIDIA H100 80GB HBM3");
+    g0.prepared_claims = vec![claim("both")];
+    let mut g1 = gpu(1, "NVIDIA H100 80GB HBM3");
+    g1.prepared_claims = vec![claim("forced")];
+    let g2 = gpu(2, "NVIDIA H100 80GB HBM3");
+    let allocated = BTreeMap::from([(0, BTreeSet::from(["ns/both".to_string()]))]);
+    let users = NodeView::users(allocated, &[g0, g1, g2]);
+    assert_eq!(
+        users,
+        BTreeMap::from([
+            (0, BTreeSet::from(["ns/both".to_string()])),
+            (1, BTreeSet::from(["ns/forced".to_string()])),
+        ])
+    );
+}

@@ -583,3 +583,30 @@ fn a_mig_mode_change_waiting_for_a_reset_shows_in_applied_before_an_incomplete_l
         ("False", reasons::REPARTITIONING)
     );
 }
+
+#[test]
+fn every_claim_held_on_a_gpu_is_listed_whatever_its_strategy_or_phase() {
+    let mut f = Fixture::new();
+    let (uid, mut whole) = record(
+        "uid-whole",
+        "whole",
+        2,
+        DeviceKind::Gpu {
+            uuid: "GPU-2".into(),
+        },
+    );
+    whole.phase = ClaimPhase::PrepareStarted;
+    f.checkpoint.claims.insert(uid, whole);
+    let s = f.compute(&[]);
+    let names = |g: usize| -> Vec<String> {
+        s.gpus[g]
+            .prepared_claims
+            .iter()
+            .map(|c| format!("{}/{}", c.namespace, c.name))
+            .collect()
+    };
+    assert_eq!(names(0), ["team-a/train"]);
+    assert!(names(1).is_empty(), "a claim on GPU 2 is not GPU 1's");
+    // Sorted by name: a prepare under way holds the GPU as a finished one does.
+    assert_eq!(names(2), ["team-a/elsewhere", "team-a/whole"]);
+}
