@@ -167,10 +167,42 @@ async fn mig_mps_and_whole_gpu_pods_run_and_deleting_them_destroys_what_was_made
         allocated(&claim),
         ("l4-node".to_string(), "gpu-0".to_string())
     );
+    // Every claim the plugin holds is in the status, a whole GPU's too: what the operator
+    // reads to know a GPU is in use when the scheduler no longer shows it.
+    let gpunodes: Api<tessera_api::GpuNode> = Api::all(client.clone());
+    let whole_claim = claim.name_any();
+    let prepared = |g: Option<&tessera_api::GpuNode>, gpu: usize| -> Vec<String> {
+        g.and_then(|g| g.status.as_ref())
+            .and_then(|s| s.gpus.get(gpu))
+            .map(|g| g.prepared_claims.iter().map(|c| c.name.clone()).collect())
+            .unwrap_or_default()
+    };
+    cluster::wait_for(
+        &gpunodes,
+        "l4-node",
+        |g: Option<&tessera_api::GpuNode>| {
+            prepared(g, 0) == [whole_claim.clone()] && prepared(g, 1).len() == 1
+        },
+        "the L4 node's status to list the whole-GPU claim on GPU 0 and the MPS claim on GPU 1",
+        WAIT,
+    )
+    .await
+    .unwrap();
 
     for name in ["mig-1g", "mig-3g", "mig-7g", "mps", "whole"] {
         delete_pod(&client, name).await;
     }
+    cluster::wait_for(
+        &gpunodes,
+        "l4-node",
+        |g: Option<&tessera_api::GpuNode>| {
+            g.is_some() && prepared(g, 0).is_empty() && prepared(g, 1).is_empty()
+        },
+        "the L4 node's status to list no claims once they are unprepared",
+        WAIT,
+    )
+    .await
+    .unwrap();
     let state = sim(&h100);
     assert!(
         state.gpus.iter().all(|g| g.instances.is_empty()),
@@ -189,7 +221,6 @@ async fn mig_mps_and_whole_gpu_pods_run_and_deleting_them_destroys_what_was_made
     // The prepares switched GPU 0 (MIG off at start) into MIG mode, and the mode stays
     // after its instances are gone: the status follows the hardware, not the start-up.
     assert!(state.gpus[0].mig_enabled);
-    let gpunodes: Api<tessera_api::GpuNode> = Api::all(client.clone());
     cluster::wait_for(
         &gpunodes,
         "h100-node",
