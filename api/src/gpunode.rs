@@ -213,9 +213,10 @@ pub struct GpuState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mps: Option<MpsState>,
     /// Every claim the plugin has prepared on this GPU or is preparing, whatever the
-    /// strategy, until the plugin has unprepared it. A GPU that lists one is in use even when the scheduler no
-    /// longer shows an allocation (a pod deleted with `--force` is gone from the API
-    /// before its node has released the GPU), so its shape does not change.
+    /// strategy, until the plugin has unprepared it. A GPU that lists one is in use even
+    /// when the scheduler no longer shows an allocation (a pod deleted with `--force` is
+    /// gone from the API before its node has released the GPU), so its shape does not
+    /// change.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub prepared_claims: Vec<ClaimRef>,
     /// Health as reported by the driver.

@@ -141,7 +141,7 @@ pub fn plan(
                     .find(|g| g.index == index)?
                     .strategy;
                 let view = snapshot.nodes.get(node)?;
-                let idle = view.allocated.get(&index).is_none_or(BTreeSet::is_empty);
+                let idle = view.users.get(&index).is_none_or(BTreeSet::is_empty);
                 Some((node.to_string(), index, strategy, idle))
             })
             .collect();

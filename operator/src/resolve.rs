@@ -9,9 +9,9 @@
 //!    conflict: each reports `Conflicted` naming the others and the GPUs, and the GPU keeps
 //!    the entry it had (fail closed: no policy's word wins by accident).
 //! 3. A GPU no policy selects has no entry, and the plugin's default applies.
-//! 4. A GPU's entry changes shape only when no claim is allocated on it; until then the
-//!    policy is `Progressing` (waiting for the claims), and past `repartition.drainTimeout`
-//!    `Degraded`, naming the claims. Nothing is evicted.
+//! 4. A GPU's entry changes shape only when no claim holds it (allocated or prepared);
+//!    until then the policy is `Progressing` (waiting for the claims), and past
+//!    `repartition.drainTimeout` `Degraded`, naming the claims. Nothing is evicted.
 //! 5. A configuration the GPU cannot take (MIG on a GPU without MIG, a static layout that
 //!    does not fit) leaves the GPU as it was and makes the policy `Degraded`.
 
@@ -53,8 +53,9 @@ pub struct NodeView {
     /// The GPUs its plugin reports.
     pub gpus: Vec<GpuState>,
     /// Claims that hold each GPU (by index), as `namespace/name`: those the scheduler
-    /// allocated on it and those its plugin has prepared there (see [`NodeView::users`]).
-    pub allocated: BTreeMap<u32, BTreeSet<String>>,
+    /// allocated on it and those its plugin has prepared there (see
+    /// [`NodeView::claims_holding`]).
+    pub users: BTreeMap<u32, BTreeSet<String>>,
 }
 
 impl NodeView {
@@ -62,7 +63,7 @@ impl NodeView {
     /// reports prepared in `gpus`. The plugin changes no GPU that either holds, so
     /// neither may the operator count it idle: a claim whose pod was deleted with
     /// `--force` loses its allocation before its node has unprepared it.
-    pub fn users(
+    pub fn claims_holding(
         mut allocated: BTreeMap<u32, BTreeSet<String>>,
         gpus: &[GpuState],
     ) -> BTreeMap<u32, BTreeSet<String>> {
@@ -191,8 +192,8 @@ pub fn resolve(snapshot: &Snapshot) -> Resolution {
                             previous.cloned()
                         }
                         Ok(want) => {
-                            let allocated = node.allocated.get(&gpu.index);
-                            match (previous, allocated) {
+                            let users = node.users.get(&gpu.index);
+                            match (previous, users) {
                                 // Back to the strategy the GPU still runs (a change
                                 // a claim held back) is no change under the claim.
                                 (Some(prev), Some(claims))

@@ -327,7 +327,7 @@ impl Caches {
                 let view = NodeView {
                     labels: labels.get(&name).cloned(),
                     spec,
-                    allocated: NodeView::users(supply.claims_on(&name), &gpus),
+                    users: NodeView::claims_holding(supply.claims_on(&name), &gpus),
                     gpus,
                 };
                 (name, view)

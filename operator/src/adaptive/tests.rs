@@ -52,7 +52,7 @@ fn node(gpus: Vec<GpuState>, allocated: &[u32]) -> NodeView {
     NodeView {
         labels: Some(BTreeMap::new()),
         gpus,
-        allocated: allocated
+        users: allocated
             .iter()
             .map(|g| (*g, BTreeSet::from([format!("ns/on-{g}")])))
             .collect(),
@@ -144,9 +144,9 @@ fn a_gpu_its_plugin_reports_a_claim_prepared_on_is_not_idle_without_an_allocatio
     }];
     let gpus = vec![gpu(0, H100, true), held, gpu(2, H100, true)];
     // GPU 0 is allocated, GPU 2 idle: the move goes to GPU 2.
-    let allocated = node(Vec::new(), &[0]).allocated;
+    let allocated = node(Vec::new(), &[0]).users;
     let view = NodeView {
-        allocated: NodeView::users(allocated.clone(), &gpus),
+        users: NodeView::claims_holding(allocated.clone(), &gpus),
         ..node(gpus.clone(), &[])
     };
     let s = snapshot(adaptive(MIG_MPS.to_vec(), None), vec![("a", view)]);
@@ -157,7 +157,7 @@ fn a_gpu_its_plugin_reports_a_claim_prepared_on_is_not_idle_without_an_allocatio
     // Without GPU 2, nothing may move.
     let gpus = gpus[..2].to_vec();
     let view = NodeView {
-        allocated: NodeView::users(allocated, &gpus),
+        users: NodeView::claims_holding(allocated, &gpus),
         ..node(gpus, &[])
     };
     let s = snapshot(adaptive(MIG_MPS.to_vec(), None), vec![("a", view)]);

@@ -250,8 +250,7 @@ fn a_shape_change_waits_while_claims_are_allocated_and_applies_once_they_end() {
         allow_gpu_reset: false,
         alternatives: Vec::new(),
     }];
-    n.allocated
-        .insert(0, BTreeSet::from(["ns/claim".to_string()]));
+    n.users.insert(0, BTreeSet::from(["ns/claim".to_string()]));
     let mut s = snapshot(
         vec![policy("new", 0, SharingStrategy::Exclusive)],
         vec![("a", n)],
@@ -272,7 +271,7 @@ fn a_shape_change_waits_while_claims_are_allocated_and_applies_once_they_end() {
     );
     assert!(r.waiting.contains(&("a".to_string(), 0)));
 
-    s.nodes.get_mut("a").unwrap().allocated.clear();
+    s.nodes.get_mut("a").unwrap().users.clear();
     let r = resolve(&s);
     assert_eq!(r.specs["a"].gpus[0].strategy, SharingStrategy::Exclusive);
     assert!(r.waiting.is_empty());
@@ -460,8 +459,7 @@ fn a_move_back_to_the_strategy_the_gpu_still_runs_is_written_under_its_claims() 
     });
     n.spec = moved.specs["a"].clone();
     assert_eq!(n.spec.gpus[0].strategy, SharingStrategy::Mps);
-    n.allocated
-        .insert(0, BTreeSet::from(["ns/raced".to_string()]));
+    n.users.insert(0, BTreeSet::from(["ns/raced".to_string()]));
     let mut s = snapshot(vec![p], vec![("a", n)]);
     s.adaptive.insert(("a".into(), 0), SharingStrategy::Mig);
     let r = resolve(&s);
@@ -601,7 +599,7 @@ fn the_claims_holding_a_gpu_are_its_allocations_and_the_claims_its_plugin_prepar
     g1.prepared_claims = vec![claim("forced")];
     let g2 = gpu(2, "NVIDIA H100 80GB HBM3");
     let allocated = BTreeMap::from([(0, BTreeSet::from(["ns/both".to_string()]))]);
-    let users = NodeView::users(allocated, &[g0, g1, g2]);
+    let users = NodeView::claims_holding(allocated, &[g0, g1, g2]);
     assert_eq!(
         users,
         BTreeMap::from([

@@ -34,7 +34,7 @@ fn snapshot(reported: Option<SharingStrategy>) -> Snapshot {
                     strategy: reported,
                     ..GpuState::default()
                 }],
-                allocated: BTreeMap::from([(0, BTreeSet::new())]),
+                users: BTreeMap::from([(0, BTreeSet::new())]),
                 ..NodeView::default()
             },
         )]),
