@@ -145,8 +145,6 @@ const STATE_DIR_BYTES: u64 = 8 << 20;
 /// How long etcd stays down in an outage.
 const ETCD_DOWN: Duration = Duration::from_secs(3);
 
-/// Whether the kubelet reported a failed prepare for `pod` (its
-/// `FailedPrepareDynamicResources` event).
 /// The kubelet's `FailedPrepareDynamicResources` events on `node`, by event name, with
 /// their counts: a refusal shows as a new name or a higher count.
 async fn node_refusals(
@@ -170,6 +168,8 @@ async fn node_refusals(
         .collect()
 }
 
+/// Whether the kubelet reported a failed prepare for `pod` (its
+/// `FailedPrepareDynamicResources` event).
 async fn prepare_refused(client: &kube::Client, pod: &str) -> bool {
     let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), NAMESPACE);
     events
@@ -683,9 +683,9 @@ impl Campaign<'_> {
                     return Some(Some(pod.clone()));
                 }
                 let now = node_refusals(&self.client, node).await;
-                if let Some((other, _)) = now.iter().find_map(|(name, (p, count))| {
+                if let Some(other) = now.iter().find_map(|(name, (p, count))| {
                     let new = before.get(name).is_none_or(|(_, c)| count > c);
-                    new.then_some((p.clone(), *count))
+                    new.then(|| p.clone())
                 }) {
                     return Some(Some(other));
                 }
