@@ -2,9 +2,10 @@
 //!
 //! One control daemon per GPU, each with its own pipe and log directory and
 //! `CUDA_VISIBLE_DEVICES=<GPU UUID>`. The daemon runs in the foreground (`-f`) as a child
-//! of the plugin so its pid is known; it keeps running if the plugin restarts, and the
-//! state check asks the daemon itself (`get_server_list` on its pipe directory), so a
-//! restarted plugin that calls [`Mps::start`] again with the same configuration adopts it.
+//! of the plugin so its pid is known; it keeps running if the plugin restarts. The state
+//! check reads that process in `/proc`, else asks the daemon itself (`get_server_list` on
+//! its pipe directory), so a restarted plugin that calls [`Mps::start`] again with the
+//! same configuration adopts it.
 
 use std::{
     collections::HashMap,
@@ -70,7 +71,7 @@ impl Mps {
     ) -> Result<MpsState, ErrorKind> {
         let mut daemons = self.daemons.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((c, pid)) = daemons.get(&gpu) {
-            if c == config && control(&self.binary, config, "get_server_list").is_ok() {
+            if c == config && answers(&self.binary, config, *pid) {
                 return Ok(MpsState::Running {
                     pid: *pid,
                     config: c.clone(),
@@ -156,15 +157,38 @@ impl Mps {
     pub fn state(&self, gpu: u32) -> Result<MpsState, ErrorKind> {
         let daemons = self.daemons.lock().unwrap_or_else(|p| p.into_inner());
         Ok(match daemons.get(&gpu) {
-            Some((config, pid)) if control(&self.binary, config, "get_server_list").is_ok() => {
-                MpsState::Running {
-                    pid: *pid,
-                    config: config.clone(),
-                }
-            }
+            Some((config, pid)) if answers(&self.binary, config, *pid) => MpsState::Running {
+                pid: *pid,
+                config: config.clone(),
+            },
             _ => MpsState::Stopped,
         })
     }
+}
+
+/// Whether the daemon started as `pid` with `config` is there: alive by `/proc` when that
+/// process is the daemon, else by asking it (`get_server_list`). Every MPS prepare checks
+/// its GPU's daemon, and asking costs a process start each time; the daemon this plugin
+/// started is its own child, so its process state says as much. A daemon adopted after a
+/// restart is not the child that was started (that one exited, finding the pipe
+/// directory taken), so it is asked.
+fn answers(binary: &Path, config: &MpsDaemonConfig, pid: u32) -> bool {
+    let live = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| is_live_daemon(&stat));
+    live || control(binary, config, "get_server_list").is_ok()
+}
+
+/// Whether a `/proc/<pid>/stat` line is a running (not exited, not a zombie) control
+/// daemon. The kernel keeps the first 15 bytes of the program's name.
+fn is_live_daemon(stat: &str) -> bool {
+    let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+        return false;
+    };
+    let comm = &stat[open + 1..close];
+    let state = stat[close + 1..].trim_start().chars().next();
+    !comm.is_empty()
+        && MPS_CONTROL.starts_with(comm)
+        && state.is_some_and(|s| !matches!(s, 'Z' | 'X' | 'x'))
 }
 
 /// The last line of the daemon's `control.log`, where MPS writes why it stopped.
@@ -178,4 +202,53 @@ fn last_log_line(log_dir: &Path) -> String {
                 .map(str::to_string)
         })
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::Command;
+
+    use super::*;
+
+    #[test]
+    fn a_running_control_daemon_is_live_and_an_exited_or_foreign_process_is_not() {
+        assert!(is_live_daemon("4242 (nvidia-cuda-mps) S 1 4242 4242 0 -1"));
+        assert!(is_live_daemon("4242 (nvidia-cuda-mps) R 1 4242 4242 0 -1"));
+        assert!(!is_live_daemon("4242 (nvidia-cuda-mps) Z 1 4242 4242 0 -1"));
+        assert!(!is_live_daemon("4242 (nvidia-cuda-mps) X 1 4242 4242 0 -1"));
+        assert!(!is_live_daemon("4242 (sleep) S 1 4242 4242 0 -1"));
+        assert!(!is_live_daemon("4242 () S 1"));
+        assert!(!is_live_daemon(""));
+    }
+
+    /// A process under the control binary's name: alive while it runs, not once it has
+    /// exited (a zombie until reaped, then gone), whatever the binary would answer.
+    #[test]
+    fn the_daemon_started_is_alive_by_its_process_until_it_exits() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let daemon = dir.path().join(MPS_CONTROL);
+        std::fs::copy("/bin/sleep", &daemon).expect("copying sleep");
+        // Asking fails: `false` stands in for a control binary whose daemon does not answer.
+        let refuses = Path::new("/bin/false");
+        let config = MpsDaemonConfig {
+            pipe_dir: dir.path().join("pipe"),
+            log_dir: dir.path().join("log"),
+            default_active_thread_percentage: None,
+            default_pinned_memory_limit_mib: None,
+        };
+        let mut child = Command::new(&daemon).arg("30").spawn().expect("spawning");
+        assert!(answers(refuses, &config, child.id()));
+        child.kill().expect("killing");
+        // Not reaped yet: a zombie.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while answers(refuses, &config, child.id()) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the killed process still counts"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        child.wait().expect("reaping");
+        assert!(!answers(refuses, &config, child.id()));
+    }
 }
