@@ -6,8 +6,9 @@
 //! content differs from the stored one (server-side apply, field manager
 //! `tessera-operator`) and a policy status whose content differs (transition times aside).
 //! So a resync, a restart or an unrelated event writes nothing, and every pass may be
-//! repeated or interrupted. Passes are coalesced over [`DEBOUNCE`]: a burst of events
-//! becomes one pass.
+//! repeated or interrupted. Passes start at most once per [`DEBOUNCE`]: the first event
+//! after a quiet spell is acted on at once, and the rest of its burst, however long,
+//! becomes one more pass.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -38,6 +39,7 @@ use tessera_api::{
     GpuNode, GpuNodeSpec, GpuSharingPolicy,
     constants::{DRIVER_NAME, OPERATOR_FIELD_MANAGER},
 };
+use tessera_kit::client::apply_params;
 use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
@@ -61,7 +63,7 @@ pub const DEFAULT_DWELL: Duration = Duration::from_secs(2);
 /// The planner's batching window when not configured (see [`crate::batch`]).
 pub const DEFAULT_BATCH_WINDOW: Duration = Duration::from_secs(5);
 
-/// How long a pass waits after the first event for the rest of a burst.
+/// The shortest time from the start of one pass to the start of the next.
 pub const DEBOUNCE: Duration = Duration::from_millis(200);
 /// The wait after a failed pass, doubled on each further failure up to [`BACKOFF_MAX`].
 const BACKOFF_START: Duration = Duration::from_millis(500);
@@ -440,10 +442,12 @@ impl Operator {
         loop {
             let lead = *leading.borrow_and_update();
             self.metrics.leader.set(i64::from(lead));
-            let mut wait = DEBOUNCE;
+            let started = Instant::now();
+            // Waiting after an event for the rest of its burst would delay every reaction
+            // by the wait; pacing the starts coalesces a burst just as well.
+            let mut not_before = started + DEBOUNCE;
             let mut recheck = RESYNC;
             if lead {
-                let started = Instant::now();
                 let result = self.pass().await;
                 self.metrics.observe_pass(started.elapsed(), result.is_ok());
                 match &result {
@@ -455,7 +459,10 @@ impl Operator {
                     }
                     Err(e) => {
                         warn!(error = %tessera_kit::error_chain(e), retry_in = ?backoff, "pass failed; retrying");
-                        wait = backoff;
+                        // Retried after the backoff, not sooner, and even if nothing
+                        // else happens.
+                        not_before = Instant::now() + backoff;
+                        recheck = backoff;
                         backoff = (backoff * 2).min(BACKOFF_MAX);
                     }
                 }
@@ -470,10 +477,10 @@ impl Operator {
                     }
                 }
                 _ = tick.tick() => {}
-                // A pod's dwell ends without any event.
+                // A pod's dwell ends, or a failed pass's backoff, without any event.
                 () = tokio::time::sleep(recheck) => {}
             }
-            tokio::time::sleep(wait).await;
+            tokio::time::sleep_until(not_before.into()).await;
         }
     }
 
@@ -941,7 +948,7 @@ impl Operator {
             });
             api.patch(
                 name,
-                &PatchParams::apply(OPERATOR_FIELD_MANAGER).force(),
+                &apply_params(OPERATOR_FIELD_MANAGER),
                 &Patch::Apply(&patch),
             )
             .await
@@ -967,7 +974,7 @@ impl Operator {
         });
         api.patch_status(
             name,
-            &PatchParams::apply(OPERATOR_FIELD_MANAGER).force(),
+            &apply_params(OPERATOR_FIELD_MANAGER),
             &Patch::Apply(&patch),
         )
         .await

@@ -6,14 +6,12 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{Condition, Time},
     jiff::Timestamp,
 };
-use kube::{
-    Api, Client,
-    api::{Patch, PatchParams},
-};
+use kube::{Api, Client, api::Patch};
 use serde_json::json;
 use tessera_api::constants::{
     PLUGIN_BINDING_FIELD_MANAGER, SWITCH_FAILED_CONDITION, SWITCHED_CONDITION,
 };
+use tessera_kit::client::apply_params;
 
 use crate::latent::LatentClaim;
 
@@ -64,7 +62,7 @@ pub async fn report(
     let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &claim.namespace);
     api.patch_status(
         &claim.name,
-        &PatchParams::apply(PLUGIN_BINDING_FIELD_MANAGER).force(),
+        &apply_params(PLUGIN_BINDING_FIELD_MANAGER),
         &Patch::Apply(&patch),
     )
     .await

@@ -14,7 +14,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client, Resource,
-    api::{ObjectMeta, Patch, PatchParams, PostParams},
+    api::{ObjectMeta, Patch, PostParams},
 };
 use serde_json::json;
 use tessera_api::{
@@ -27,6 +27,7 @@ use tessera_api::{
     policy::SharingStrategy,
 };
 use tessera_gpu::backend::{GpuInfo, MigInstance};
+use tessera_kit::client::apply_params;
 
 use crate::{
     checkpoint::{Checkpoint, DeviceKind},
@@ -435,7 +436,7 @@ impl StatusWriter {
         self.api
             .patch_status(
                 &self.node,
-                &PatchParams::apply(PLUGIN_FIELD_MANAGER).force(),
+                &apply_params(PLUGIN_FIELD_MANAGER),
                 &Patch::Apply(&patch),
             )
             .await?;

@@ -23,13 +23,10 @@ use std::{
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::{
-    Api, Client,
-    api::{Patch, PatchParams},
-    runtime::reflector::Store,
-};
+use kube::{Api, Client, api::Patch, runtime::reflector::Store};
 use tessera_api::constants::PLUGIN_FIELD_MANAGER;
 use tessera_gpu::backend::{BackendError, GpuBackend};
+use tessera_kit::client::apply_params;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 pub use claim::PlanError;
@@ -197,7 +194,7 @@ impl ClaimApi for KubeClaims {
         Box::pin(async move {
             api.patch_status(
                 &name,
-                &PatchParams::apply(PLUGIN_FIELD_MANAGER).force(),
+                &apply_params(PLUGIN_FIELD_MANAGER),
                 &Patch::Apply(&patch),
             )
             .await
