@@ -308,7 +308,12 @@ impl ControlPlane {
             // The `kubernetes` Service endpoints would point at loopback, which the
             // endpoints API refuses; nothing here uses in-cluster discovery.
             "--endpoint-reconciler-type=none".into(),
-            "--profiling=false".into(),
+            // Profiling (`/debug/pprof`) only when asked: it is how the README's figures of
+            // the API server's own cost were taken.
+            format!(
+                "--profiling={}",
+                std::env::var_os("TESSERA_PROFILE_APISERVER").is_some()
+            ),
         ];
         if !gates.is_empty() {
             api_args.push(format!("--feature-gates={gates}"));
