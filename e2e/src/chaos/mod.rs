@@ -20,6 +20,7 @@ pub mod invariants;
 pub mod report;
 
 use std::{
+    collections::BTreeSet,
     fmt,
     time::{Duration, Instant},
 };
@@ -180,6 +181,13 @@ async fn prepare_refused(client: &kube::Client, pod: &str) -> bool {
                 .iter()
                 .any(|e| e.reason.as_deref() == Some("FailedPrepareDynamicResources"))
         })
+}
+
+/// The pod a claim made from its template belongs to: such a claim is named
+/// `<pod>-<claim in the pod>-<five random characters>`, and the campaign's pods name their
+/// claim `gpu`.
+fn claim_pod(claim: &str) -> Option<&str> {
+    claim.rsplit_once("-gpu-").map(|(pod, _)| pod)
 }
 
 /// A shape of the workload and the node whose policy offers it.
@@ -660,6 +668,33 @@ impl Campaign<'_> {
             })
             .await?;
         }
+        // A pod still terminating on that node (deleted by an earlier step) has its claim
+        // unprepared later, and that unprepare deleting its record after the directory is
+        // filled frees the room the next prepare's record then takes: that prepare is not
+        // refused, and the fault meets nothing. Break the directory only once every record
+        // there belongs to a pod that stays.
+        let state_dir = self.node_mut(node)?.state_dir();
+        eventually(
+            &format!("the claims of departed pods to be unprepared on {node}"),
+            SETTLE,
+            || async {
+                let staying: BTreeSet<String> = pods
+                    .list(&ListParams::default())
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    .filter_map(|p| p.metadata.name)
+                    .collect();
+                let (claims, _) = invariants::read_checkpoint(&state_dir);
+                claims
+                    .values()
+                    .all(|r| claim_pod(&r.name).is_some_and(|p| staying.contains(p)))
+                    .then_some(())
+            },
+        )
+        .await?;
         {
             let n = self.node_mut(node)?;
             if read_only {
@@ -714,10 +749,55 @@ impl Campaign<'_> {
                 .entry(how.to_string())
                 .or_insert(0) += 1;
             cluster::wait_pod_running(&self.client, NAMESPACE, &refused, SETTLE).await?;
+        } else {
+            let ran_on = self.where_pod_runs(&pod).await;
+            self.report
+                .state_dir_misses
+                .push(format!("{how} on {node}; {pod} ran {ran_on}"));
         }
         self.serving(node).await?;
         self.report.recovered(Fault::StateDir.name(), t0.elapsed());
         Ok(())
+    }
+
+    /// Where `pod` runs and on which devices, as its claims' allocations say, for a report.
+    async fn where_pod_runs(&self, pod: &str) -> String {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let claims: Api<k8s_openapi::api::resource::v1::ResourceClaim> =
+            Api::namespaced(self.client.clone(), NAMESPACE);
+        let Ok(Some(p)) = pods.get_opt(pod).await else {
+            return "(the pod is gone)".into();
+        };
+        let node = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_else(|| "(no node)".into());
+        let mut devices = Vec::new();
+        for status in p
+            .status
+            .and_then(|s| s.resource_claim_statuses)
+            .unwrap_or_default()
+        {
+            let Some(name) = status.resource_claim_name else {
+                continue;
+            };
+            let Ok(Some(claim)) = claims.get_opt(&name).await else {
+                continue;
+            };
+            let results = claim
+                .status
+                .and_then(|s| s.allocation)
+                .and_then(|a| a.devices)
+                .and_then(|d| d.results)
+                .unwrap_or_default();
+            devices.extend(
+                results
+                    .into_iter()
+                    .map(|r| format!("{}/{}", r.pool, r.device)),
+            );
+        }
+        format!("on {node}, devices [{}]", devices.join(", "))
     }
 
     /// Waits until every node's plugin answers ready and an operator replica leads.
@@ -967,4 +1047,16 @@ fn node_in<'n>(nodes: &'n mut [SimNode], name: &str) -> anyhow::Result<&'n mut S
         .iter_mut()
         .find(|n| n.name == name)
         .with_context(|| format!("no node {name}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::claim_pod;
+
+    #[test]
+    fn a_claim_made_from_a_template_names_its_pod() {
+        assert_eq!(claim_pod("mig1g-12-gpu-x7k2p"), Some("mig1g-12"));
+        assert_eq!(claim_pod("a100-4g-3-gpu-abcde"), Some("a100-4g-3"));
+        assert_eq!(claim_pod("handmade"), None);
+    }
 }

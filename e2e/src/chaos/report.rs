@@ -39,6 +39,9 @@ pub struct Report {
     /// State-directory faults that a prepare met (refused, then retried once repaired),
     /// by `read-only` / `full`.
     pub state_dir_refusals: BTreeMap<String, u64>,
+    /// State-directory faults whose pod ran without any prepare on that node being
+    /// refused: how the directory was broken, and where the pod ran on what device.
+    pub state_dir_misses: Vec<String>,
     /// Invariant checks run.
     pub checks: u64,
     /// Pods created and deleted by the workload.
@@ -132,6 +135,9 @@ impl fmt::Display for Report {
                 "prepares refused by a broken state directory, then run once repaired: {}",
                 how.join(", ")
             )?;
+        }
+        for miss in &self.state_dir_misses {
+            writeln!(f, "a broken state directory met no refused prepare: {miss}")?;
         }
         if self.violations.is_empty() {
             writeln!(f, "violations: none")
