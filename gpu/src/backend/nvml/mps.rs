@@ -20,6 +20,10 @@ use crate::backend::{ErrorKind, MpsDaemonConfig, MpsState};
 /// The control binary, found on `PATH`.
 pub const MPS_CONTROL: &str = "nvidia-cuda-mps-control";
 
+/// How long a new daemon has to answer on its control pipe before its start is reported
+/// failed.
+const MPS_START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Known daemons, by GPU index.
 pub struct Mps {
     /// The control binary of the driver in use.
@@ -98,10 +102,14 @@ impl Mps {
             .spawn()
             .map_err(|e| ErrorKind::io(format!("starting {MPS_CONTROL} -f"), e))?;
         let pid = child.id();
-        // The control socket appears asynchronously; retry briefly, then report why the
-        // last try failed. A daemon that exits instead (another one holds the pipe
-        // directory, the GPU refuses MPS) says why in its log, not on a terminal.
-        let mut tries = 1;
+        // The control socket appears asynchronously, usually within milliseconds: ask
+        // again after a pause that starts short and grows, so a daemon a little slow to
+        // answer costs a prepare (and every prepare waiting for the GPU) a few
+        // milliseconds, not a whole long pause; past the deadline, report why the last
+        // try failed. A daemon that exits instead (another one holds the pipe directory,
+        // the GPU refuses MPS) says why in its log, not on a terminal.
+        let deadline = std::time::Instant::now() + MPS_START_TIMEOUT;
+        let mut pause = std::time::Duration::from_millis(2);
         while let Err(e) = control(&self.binary, config, "get_server_list") {
             if let Ok(Some(status)) = child.try_wait() {
                 return Err(ErrorKind::MpsControl {
@@ -110,11 +118,11 @@ impl Mps {
                     stderr: last_log_line(&config.log_dir),
                 });
             }
-            if tries == 50 {
+            if std::time::Instant::now() >= deadline {
                 return Err(e);
             }
-            tries += 1;
-            std::thread::sleep(std::time::Duration::from_millis(100));
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_millis(100));
         }
         // The daemon must outlive a plugin restart, so the child is not waited for; one
         // that exited because another daemon already answers is reaped here.
