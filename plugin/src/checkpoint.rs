@@ -321,6 +321,12 @@ impl CheckpointStore {
         }
     }
 
+    /// Whether some writes are synced to disk: without a boot id a reboot cannot be told
+    /// from a plugin restart, so a prepare's intent must survive power loss.
+    pub fn syncs(&self) -> bool {
+        self.boot_id.is_none()
+    }
+
     /// The claims directory.
     pub fn claims_dir(&self) -> &Path {
         &self.claims

@@ -358,13 +358,18 @@ impl Driver {
             .map_err(ClaimError::from)
     }
 
-    /// Runs a checkpoint file operation (see [`blocking`]): an fsync must not stall the
-    /// runtime's few worker threads, which also serve the kubelet's other calls.
+    /// Runs a checkpoint file operation on the calling task. Without an fsync these are a
+    /// small write and a rename in the page cache, cheaper than handing the worker's core
+    /// to another thread and back; only a store that syncs (no boot id to tell a reboot
+    /// by) goes off the runtime's workers (see [`blocking`]).
     async fn store_io<T, F>(&self, f: F) -> Result<T, ClaimError>
     where
         T: Send + 'static,
         F: FnOnce(&CheckpointStore) -> crate::checkpoint::Result<T> + Send + 'static,
     {
+        if !self.store.syncs() {
+            return f(&self.store).map_err(ClaimError::from);
+        }
         let store = self.store.clone();
         blocking(move || f(&store))
             .await
