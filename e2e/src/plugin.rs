@@ -45,9 +45,6 @@ pub fn simdriver_built() -> anyhow::Result<PathBuf> {
 pub struct SimNode {
     /// Node name.
     pub name: String,
-    _dir: tempfile::TempDir,
-    /// What a node keeps on tmpfs (`/var/run`): the CDI specs.
-    run: tempfile::TempDir,
     root: PathBuf,
     kubeconfig: PathBuf,
     metrics_port: u16,
@@ -60,6 +57,12 @@ pub struct SimNode {
     process: Option<Child>,
     /// The kubelet of this node.
     pub kubelet: HollowKubelet,
+    // The directories go last (fields drop in declaration order): the kubelet writes under
+    // the node's directory until it is stopped, and a removal racing it fails, leaving the
+    // directory, and the MPS daemons of its simulated driver, behind.
+    /// What a node keeps on tmpfs (`/var/run`): the CDI specs.
+    run: tempfile::TempDir,
+    _dir: tempfile::TempDir,
 }
 
 /// A second plugin instance started next to a node's running one (a rolling update).
