@@ -67,6 +67,15 @@ pub trait GpuBackend: Send + Sync {
     /// The MPS daemon state of `gpu`.
     fn mps_state(&self, gpu: u32) -> Result<MpsState, BackendError>;
 
+    /// Whether `gpu`'s MPS daemon is known to run without blocking to find out (no process
+    /// to start, no driver call). `false` means "ask [`GpuBackend::mps_state`]", not
+    /// "stopped". Every MPS prepare checks its GPU's daemon; this spares the common case
+    /// the hop off the runtime's worker that a blocking check needs.
+    fn mps_known_running(&self, gpu: u32) -> bool {
+        let _ = gpu;
+        false
+    }
+
     /// Sets the compute mode of `gpu`.
     fn set_compute_mode(&self, gpu: u32, mode: ComputeMode) -> Result<(), BackendError>;
 

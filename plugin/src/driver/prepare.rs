@@ -230,6 +230,9 @@ impl Driver {
                         .await?;
                 }
             }
+            // Its daemon already runs (every prepare but a GPU's first): nothing to do, and
+            // no hop off the runtime's worker to find that out.
+            DeviceKind::Mps { .. } if self.backend.mps_known_running(gpu) => {}
             DeviceKind::Mps { .. } => {
                 let pipe_dir = self.mps_root.join(format!("gpu-{gpu}")).join("pipe");
                 let log_dir = self.mps_root.join(format!("gpu-{gpu}")).join("log");

@@ -494,6 +494,10 @@ impl GpuBackend for NvmlBackend {
             .map_err(|k| BackendError::new(gpu, Operation::MpsState, k))
     }
 
+    fn mps_known_running(&self, gpu: u32) -> bool {
+        self.mps.known_running(gpu)
+    }
+
     fn set_compute_mode(&self, gpu: u32, mode: ComputeMode) -> Result<(), BackendError> {
         let _g = self.guard();
         let err = |k| BackendError::new(gpu, Operation::SetComputeMode, k);

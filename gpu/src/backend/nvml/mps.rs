@@ -161,6 +161,14 @@ impl Mps {
         Ok(())
     }
 
+    /// Whether the daemon of GPU `gpu` is the one this plugin started and is alive: a
+    /// `/proc` read, no process start. `false` for an adopted daemon, which only
+    /// [`Mps::state`] can check.
+    pub fn known_running(&self, gpu: u32) -> bool {
+        let daemons = self.daemons.lock().unwrap_or_else(|p| p.into_inner());
+        daemons.get(&gpu).is_some_and(|(_, pid)| alive(*pid))
+    }
+
     /// Whether the daemon of GPU `gpu` answers.
     pub fn state(&self, gpu: u32) -> Result<MpsState, ErrorKind> {
         let daemons = self.daemons.lock().unwrap_or_else(|p| p.into_inner());
@@ -181,9 +189,12 @@ impl Mps {
 /// restart is not the child that was started (that one exited, finding the pipe
 /// directory taken), so it is asked.
 fn answers(binary: &Path, config: &MpsDaemonConfig, pid: u32) -> bool {
-    let live = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|stat| is_live_daemon(&stat));
-    live || control(binary, config, "get_server_list").is_ok()
+    alive(pid) || control(binary, config, "get_server_list").is_ok()
+}
+
+/// Whether `pid` is a live control daemon, by `/proc`.
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| is_live_daemon(&stat))
 }
 
 /// Whether a `/proc/<pid>/stat` line is a running (not exited, not a zombie) control
@@ -258,5 +269,31 @@ mod tests {
         }
         child.wait().expect("reaping");
         assert!(!answers(refuses, &config, child.id()));
+    }
+
+    /// Known to run without asking: only the daemon this plugin started, while it lives;
+    /// a GPU without one is not.
+    #[test]
+    fn only_a_live_daemon_of_its_own_is_known_to_run() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let daemon = dir.path().join(MPS_CONTROL);
+        std::fs::copy("/bin/sleep", &daemon).expect("copying sleep");
+        let mps = Mps::new(PathBuf::from("/bin/false"));
+        let config = MpsDaemonConfig {
+            pipe_dir: dir.path().join("pipe"),
+            log_dir: dir.path().join("log"),
+            default_active_thread_percentage: None,
+            default_pinned_memory_limit_mib: None,
+        };
+        let mut child = Command::new(&daemon).arg("30").spawn().expect("spawning");
+        mps.daemons
+            .lock()
+            .expect("lock")
+            .insert(0, (config, child.id()));
+        assert!(mps.known_running(0));
+        assert!(!mps.known_running(1));
+        child.kill().expect("killing");
+        child.wait().expect("reaping");
+        assert!(!mps.known_running(0));
     }
 }
