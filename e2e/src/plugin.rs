@@ -51,9 +51,9 @@ pub struct SimNode {
     /// The plugin pod's UID, as the DaemonSet passes it: its sockets are named by it, and
     /// a restart (same pod) keeps it.
     pod_uid: String,
-    /// The small tmpfs the plugin's state directory is mounted on, if it has one (see
-    /// [`SimNode::start_with_small_state_dir`]).
-    state_volume: Option<StateVolume>,
+    /// The small tmpfs the plugin's checkpoint directory is mounted on, if it has one (see
+    /// [`SimNode::start_with_small_checkpoint_dir`]).
+    checkpoint_volume: Option<CheckpointVolume>,
     process: Option<Child>,
     /// The kubelet of this node.
     pub kubelet: HollowKubelet,
@@ -84,15 +84,16 @@ impl Successor {
     }
 }
 
-/// A tmpfs for a plugin's state directory, in a mount namespace that outlives the plugin:
-/// a holder process keeps the namespace and every plugin instance of the node enters it,
-/// so the state survives restarts and upgrades as a node's disk does, while a test can
-/// fill the volume or remount it read-only without touching anything outside it.
-struct StateVolume {
+/// A small tmpfs for a plugin's checkpoint directory, in a mount namespace that outlives
+/// the plugin: a holder process keeps the namespace and every plugin instance of the node
+/// enters it, so the records survive restarts and upgrades as a node's `/run` does, while
+/// a test can fill the volume or remount it read-only without touching anything outside
+/// it.
+struct CheckpointVolume {
     holder: Child,
 }
 
-impl StateVolume {
+impl CheckpointVolume {
     fn mount(at: &std::path::Path, bytes: u64) -> anyhow::Result<Self> {
         use std::io::BufRead;
         // unshare execs sh, so the holder's parent is this process: the holder ends
@@ -101,13 +102,13 @@ impl StateVolume {
         let mut holder = Command::new("unshare")
             .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
             .arg(format!(
-                "mount -t tmpfs -o size={bytes} tessera-state \"$0\" && echo mounted && exec tail --pid=$PPID -f /dev/null >/dev/null"
+                "mount -t tmpfs -o size={bytes} tessera-checkpoint \"$0\" && echo mounted && exec tail --pid=$PPID -f /dev/null >/dev/null"
             ))
             .arg(at)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .context("starting the state volume's holder (unshare)")?;
+            .context("starting the checkpoint volume's holder (unshare)")?;
         let mut line = String::new();
         if let Some(out) = holder.stdout.take() {
             std::io::BufReader::new(out).read_line(&mut line)?;
@@ -142,7 +143,7 @@ impl StateVolume {
     }
 }
 
-impl Drop for StateVolume {
+impl Drop for CheckpointVolume {
     fn drop(&mut self) {
         let _ = self.holder.kill();
         let _ = self.holder.wait();
@@ -181,16 +182,16 @@ impl SimNode {
         Ok(node)
     }
 
-    /// [`SimNode::start_in_pool`] with the state directory of
-    /// [`SimNode::start_with_small_state_dir`].
-    pub async fn start_in_pool_with_small_state_dir(
+    /// [`SimNode::start_in_pool`] with the checkpoint directory of
+    /// [`SimNode::start_with_small_checkpoint_dir`].
+    pub async fn start_in_pool_with_small_checkpoint_dir(
         cp: &ControlPlane,
         name: &str,
         pool: &str,
         inventory: &str,
         bytes: u64,
     ) -> anyhow::Result<Self> {
-        let node = Self::start_with_small_state_dir(cp, name, inventory, bytes).await?;
+        let node = Self::start_with_small_checkpoint_dir(cp, name, inventory, bytes).await?;
         node.join_pool(cp, pool).await?;
         Ok(node)
     }
@@ -212,12 +213,12 @@ impl SimNode {
         Ok(())
     }
 
-    /// [`SimNode::start`] with the plugin's state directory a tmpfs of `bytes` in a mount
+    /// [`SimNode::start`] with the plugin's checkpoint directory a tmpfs of `bytes` in a mount
     /// namespace the node's plugin instances share (it outlives restarts): a test can fill
-    /// it ([`SimNode::fill_state_dir`]) or make it read-only
-    /// ([`SimNode::state_dir_read_only`]), and nothing outside that namespace is touched.
-    /// [`SimNode::state_dir`] then names the directory as seen from outside.
-    pub async fn start_with_small_state_dir(
+    /// it ([`SimNode::fill_checkpoint_dir`]) or make it read-only
+    /// ([`SimNode::checkpoint_dir_read_only`]), and nothing outside that namespace is
+    /// touched. [`SimNode::checkpoint_dir`] then names the directory as seen from outside.
+    pub async fn start_with_small_checkpoint_dir(
         cp: &ControlPlane,
         name: &str,
         inventory: &str,
@@ -230,7 +231,7 @@ impl SimNode {
         cp: &ControlPlane,
         name: &str,
         inventory: &str,
-        state_tmpfs: Option<u64>,
+        checkpoint_tmpfs: Option<u64>,
     ) -> anyhow::Result<Self> {
         let admin = cp.admin_client().await?;
         let dir = tempfile::Builder::new().prefix("tessera-node-").tempdir()?;
@@ -249,8 +250,10 @@ impl SimNode {
         .await?;
         cluster::apply_dir(&admin, &repo_root().join("config/rbac"), false).await?;
         std::fs::create_dir_all(root.join("state"))?;
-        let state_volume = state_tmpfs
-            .map(|bytes| StateVolume::mount(&root.join("state"), bytes))
+        let checkpoint_dir = run.path().join("checkpoint");
+        std::fs::create_dir_all(&checkpoint_dir)?;
+        let checkpoint_volume = checkpoint_tmpfs
+            .map(|bytes| CheckpointVolume::mount(&checkpoint_dir, bytes))
             .transpose()?;
         std::fs::create_dir_all(run.path().join("cdi"))?;
         std::fs::write(root.join("boot_id"), uuid::Uuid::new_v4().to_string())?;
@@ -269,7 +272,7 @@ impl SimNode {
             kubeconfig,
             metrics_port,
             pod_uid: uuid::Uuid::new_v4().to_string(),
-            state_volume,
+            checkpoint_volume,
             process: None,
             kubelet,
         };
@@ -341,7 +344,7 @@ impl SimNode {
             .append(true)
             .open(self.log_path())?;
         let driver = self.driver();
-        let mut command = match &self.state_volume {
+        let mut command = match &self.checkpoint_volume {
             None => Command::new(plugin_binary()?),
             Some(volume) => {
                 // nsenter execs the plugin, so the child's pid is the plugin's.
@@ -362,7 +365,9 @@ impl SimNode {
             .arg("--cdi-dir")
             .arg(self.cdi_dir())
             .arg("--state-dir")
-            .arg(self.state_mount_point())
+            .arg(self.state_dir())
+            .arg("--checkpoint-dir")
+            .arg(self.checkpoint_mount_point())
             .arg("--boot-id-file")
             .arg(self.root.join("boot_id"))
             // Where the simulated driver publishes its MIG capability files.
@@ -446,36 +451,36 @@ impl SimNode {
         self.finish_roll(next).await
     }
 
-    /// Runs `script` (sh) in the state volume's mount namespace, where the state directory
+    /// Runs `script` (sh) in the checkpoint volume's mount namespace, where the checkpoint directory
     /// is `$0`; the node must have been started by
-    /// [`SimNode::start_with_small_state_dir`]. Returns whether the script succeeded.
+    /// [`SimNode::start_with_small_checkpoint_dir`]. Returns whether the script succeeded.
     fn in_plugin_mounts(&self, script: &str) -> anyhow::Result<bool> {
         let volume = self
-            .state_volume
+            .checkpoint_volume
             .as_ref()
-            .context("the plugin has no state directory of its own")?;
-        volume.run(&self.state_mount_point(), script)
+            .context("the plugin has no checkpoint directory of its own")?;
+        volume.run(&self.checkpoint_mount_point(), script)
     }
 
-    /// Makes the plugin's state directory read-only (`true`) or writable again, as a
+    /// Makes the plugin's checkpoint directory read-only (`true`) or writable again, as a
     /// failing disk remounted read-only would.
-    pub fn state_dir_read_only(&self, read_only: bool) -> anyhow::Result<()> {
+    pub fn checkpoint_dir_read_only(&self, read_only: bool) -> anyhow::Result<()> {
         let mode = if read_only { "ro" } else { "rw" };
         let done = self.in_plugin_mounts(&format!("mount -o remount,{mode} \"$0\""))?;
-        anyhow::ensure!(done, "remounting the state directory {mode} failed");
+        anyhow::ensure!(done, "remounting the checkpoint directory {mode} failed");
         Ok(())
     }
 
-    /// Fills the plugin's state directory to the last byte (`true`), or frees it again.
-    pub fn fill_state_dir(&self, full: bool) -> anyhow::Result<()> {
+    /// Fills the plugin's checkpoint directory to the last byte (`true`), or frees it again.
+    pub fn fill_checkpoint_dir(&self, full: bool) -> anyhow::Result<()> {
         if full {
             // cat fails once the tmpfs is full: that is the point.
             self.in_plugin_mounts("cat /dev/zero > \"$0/filler\"")?;
             let left = self.in_plugin_mounts("head -c 1 /dev/zero > \"$0/one-more\"")?;
-            anyhow::ensure!(!left, "the state directory still takes writes");
+            anyhow::ensure!(!left, "the checkpoint directory still takes writes");
         } else {
             let freed = self.in_plugin_mounts("rm -f \"$0/filler\" \"$0/one-more\"")?;
-            anyhow::ensure!(freed, "freeing the state directory failed");
+            anyhow::ensure!(freed, "freeing the checkpoint directory failed");
         }
         Ok(())
     }
@@ -552,8 +557,10 @@ impl SimNode {
     /// Simulates a reboot of the node: the kubelet and the plugin die, and what a reboot
     /// wipes is gone when they start again: MIG instances (the MIG mode stays, as on an
     /// A100), MPS daemons and compute modes, the CDI specs (tmpfs), the runtime's
-    /// containers; the boot ID is new. The plugin's checkpoint and the kubelet's root
-    /// directory are on disk and survive, as they would. The kubelet comes up first, as
+    /// containers; the boot ID is new. The kubelet's root directory is on disk and
+    /// survives. The plugin's checkpoint survives too, as it does where `--checkpoint-dir`
+    /// is on disk rather than the tmpfs the chart uses: the harder case, in which the boot
+    /// ID alone tells the plugin its records are void. The kubelet comes up first, as
     /// systemd starts it before the plugin's pod.
     pub async fn reboot(&mut self, cp: &ControlPlane) -> anyhow::Result<()> {
         self.kill();
@@ -600,18 +607,24 @@ impl SimNode {
         self.run.path().join("cdi")
     }
 
-    /// Plugin state directory (checkpoint), as this process can read and write it (through
-    /// the state volume's namespace when the node has one).
+    /// The plugin's state directory (offers, GPU faults, MPS pipes).
     pub fn state_dir(&self) -> PathBuf {
-        match &self.state_volume {
-            Some(v) => v.view(&self.state_mount_point()),
-            None => self.state_mount_point(),
+        self.root.join("state")
+    }
+
+    /// The plugin's checkpoint directory (`claims/`, `layouts/`), on tmpfs as `/run` is on
+    /// a node, as this process can read and write it (through the checkpoint volume's
+    /// namespace when the node has one).
+    pub fn checkpoint_dir(&self) -> PathBuf {
+        match &self.checkpoint_volume {
+            Some(v) => v.view(&self.checkpoint_mount_point()),
+            None => self.checkpoint_mount_point(),
         }
     }
 
-    /// The state directory as the plugin names it.
-    fn state_mount_point(&self) -> PathBuf {
-        self.root.join("state")
+    /// The checkpoint directory as the plugin names it.
+    fn checkpoint_mount_point(&self) -> PathBuf {
+        self.run.path().join("checkpoint")
     }
 
     /// The node's simulated NVIDIA driver.

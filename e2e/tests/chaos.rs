@@ -28,7 +28,7 @@ async fn a_short_fault_campaign_breaks_no_invariant() {
         "etcd-outage",
         "torn-checkpoint",
         "plugin-upgrade",
-        "state-dir",
+        "checkpoint-dir",
     ] {
         assert!(
             report.faults.get(kind).copied().unwrap_or(0) > 0,
@@ -36,11 +36,11 @@ async fn a_short_fault_campaign_breaks_no_invariant() {
         );
     }
     assert!(report.violations.is_empty(), "{report}");
-    // The broken state directory met a prepare (refused, then run once repaired); a pod
+    // The broken checkpoint directory met a prepare (refused, then run once repaired); a pod
     // that ran on it would be a prepare that wrote no record.
     assert_eq!(
-        report.state_dir_refusals.values().sum::<u64>(),
-        report.faults["state-dir"],
+        report.checkpoint_dir_refusals.values().sum::<u64>(),
+        report.faults["checkpoint-dir"],
         "{report}"
     );
     assert!(report.pods_created > 0 && report.checks > report.steps);

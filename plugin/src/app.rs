@@ -341,12 +341,23 @@ impl Owner<'_> {
             "found GPUs"
         );
         let boot_id = checkpoint::read_boot_id(&args.boot_id_file);
+        let store = CheckpointStore::new(&args.checkpoint_dir, boot_id.clone());
+        // Only now: the instance that handed the node over no longer writes records.
+        let moved = store.adopt(&args.state_dir).map_err(Error::Checkpoint)?;
+        if moved > 0 {
+            info!(
+                moved,
+                from = %args.state_dir.display(),
+                to = %args.checkpoint_dir.display(),
+                "moved the checkpoint records an earlier version kept in the state directory"
+            );
+        }
         let driver = Driver::new(DriverConfig {
             node: args.node_name.clone(),
             driver_name: args.driver_name.clone(),
             backend: self.backend.clone(),
             gpus,
-            store: CheckpointStore::new(&args.state_dir, boot_id.clone()),
+            store,
             claims: Arc::new(KubeClaims::new(
                 self.client.clone(),
                 Some(self.claim_cache.clone()),

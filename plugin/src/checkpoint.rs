@@ -1,4 +1,4 @@
-//! The plugin's record of what it prepared, kept on the node's disk.
+//! The plugin's record of what it prepared, kept in `--checkpoint-dir` (a tmpfs on a node).
 //!
 //! Hardware outlives the plugin: a MIG instance created for a claim is still there after the
 //! plugin crashes, restarts or is upgraded. The checkpoint is how the plugin knows which
@@ -15,11 +15,11 @@
 //! never destroyed.
 //!
 //! A GPU with a static MIG layout holds instances that belong to no claim: they are
-//! recorded per GPU (`<state dir>/layouts/gpu-<index>.json`, see [`HeldLayout`]), each
+//! recorded per GPU (`<checkpoint dir>/layouts/gpu-<index>.json`, see [`HeldLayout`]), each
 //! before it is created, so a crash part way through never leaves an instance nobody
 //! knows is Tessera's.
 //!
-//! One file per claim (`<state dir>/claims/<uid>.json`), so a write costs the same with
+//! One file per claim (`<checkpoint dir>/claims/<uid>.json`), so a write costs the same with
 //! one prepared claim as with a thousand. Every write is atomic (temp file, rename): a plugin
 //! crash leaves the old or the new record, never a torn one.
 //!
@@ -35,6 +35,10 @@
 //! torn is moved aside (`<uid>.json.unreadable`) and reported, never a reason not to
 //! start. Without a boot ID records cannot be voided by boot, and the write-ahead record is
 //! fsynced before any hardware is touched.
+//!
+//! For the same reason the directory belongs on a tmpfs (`/run` on a node): records need
+//! outlive only the plugin, and a disk's file system would make every prepare allocate an
+//! inode under its journal and start writeback of the record a rename replaces.
 
 use std::{
     collections::BTreeMap,
@@ -310,13 +314,13 @@ pub struct CheckpointStore {
 }
 
 impl CheckpointStore {
-    /// A store under `state_dir` (`claims/`, `layouts/`) for the boot `boot_id` (see
+    /// A store under `root` (`claims/`, `layouts/`) for the boot `boot_id` (see
     /// [`read_boot_id`]).
-    pub fn new(state_dir: impl AsRef<Path>, boot_id: Option<String>) -> Self {
-        let state_dir = state_dir.as_ref();
+    pub fn new(root: impl AsRef<Path>, boot_id: Option<String>) -> Self {
+        let root = root.as_ref();
         Self {
-            claims: state_dir.join("claims"),
-            layouts: state_dir.join("layouts"),
+            claims: root.join("claims"),
+            layouts: root.join("layouts"),
             boot_id,
         }
     }
@@ -448,16 +452,66 @@ impl CheckpointStore {
             path: path.clone(),
             source,
         })?;
+        self.write_bytes(dir, name, &text, sync)
+    }
+
+    /// Writes `bytes` as `dir/name` atomically; `dir` exists.
+    fn write_bytes(&self, dir: &Path, name: &str, bytes: &[u8], sync: bool) -> Result<()> {
+        let path = dir.join(name);
         let tmp = dir.join(format!(".{name}.tmp"));
         let mut f =
             File::create(&tmp).map_err(|s| self.io("creating a temp file for", &path, s))?;
-        f.write_all(&text)
+        f.write_all(bytes)
             .map_err(|s| self.io("writing", &tmp, s))?;
         if sync {
             f.sync_all().map_err(|s| self.io("syncing", &tmp, s))?;
         }
         drop(f);
         fs::rename(&tmp, &path).map_err(|s| self.io("replacing", &path, s))
+    }
+
+    /// Moves the records a plugin that kept its checkpoint under `old_root` left there
+    /// (`claims/`, `layouts/`) into this store, and returns how many it moved. Before
+    /// `--checkpoint-dir` the checkpoint lived in the state directory; an upgraded plugin
+    /// that did not take those records over would not know the instances its predecessor
+    /// made for running pods.
+    ///
+    /// Run while this instance holds the node, so no other instance writes there. A record
+    /// found in both places is taken from `old_root`: only an earlier version writes
+    /// there, so it ran after this store last took the records over (a downgrade and
+    /// upgrade again). Each record is written here before it is removed there, so an
+    /// interrupted move is finished by the next start. Temp files of an interrupted write
+    /// are removed, not moved.
+    pub fn adopt(&self, old_root: &Path) -> Result<usize> {
+        let mut moved = 0;
+        for (sub, dest) in [("claims", &self.claims), ("layouts", &self.layouts)] {
+            let src = old_root.join(sub);
+            if src == *dest {
+                continue;
+            }
+            let entries = match fs::read_dir(&src) {
+                Ok(entries) => entries,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(source) => return Err(self.io("listing", &src, source)),
+            };
+            for entry in entries {
+                let entry = entry.map_err(|s| self.io("listing", &src, s))?;
+                let path = entry.path();
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name.starts_with('.') {
+                    self.remove(&path)?;
+                    continue;
+                }
+                let bytes = fs::read(&path).map_err(|s| self.io("reading", &path, s))?;
+                fs::create_dir_all(dest).map_err(|s| self.io("creating", dest, s))?;
+                self.write_bytes(dest, &name, &bytes, self.syncs())?;
+                self.remove(&path)?;
+                moved += 1;
+            }
+            // Emptied; another file someone put there keeps it, which is harmless.
+            let _ = fs::remove_dir(&src);
+        }
+        Ok(moved)
     }
 
     fn remove(&self, path: &Path) -> Result<()> {
@@ -539,6 +593,53 @@ mod tests {
             .collect();
         names.sort();
         assert_eq!(names, ["0b1e-uid.json", "second.json"]);
+    }
+
+    #[test]
+    fn records_left_in_the_old_place_are_moved_over_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let old_root = dir.path().join("state");
+        let old = CheckpointStore::new(&old_root, Some("boot".into()));
+        let mut rec = record(ClaimPhase::PrepareCompleted);
+        old.save_claim(&rec).unwrap();
+        fs::write(old.claims_dir().join(".torn.json.tmp"), "{").unwrap();
+        fs::create_dir_all(old_root.join("layouts")).unwrap();
+        fs::write(old_root.join("layouts/gpu-0.json"), "{}").unwrap();
+        let store = CheckpointStore::new(dir.path().join("run"), Some("boot".into()));
+        // A stale copy here from before a downgrade: the old place's record is newer.
+        let mut stale = rec.clone();
+        stale.phase = ClaimPhase::PrepareStarted;
+        store.save_claim(&stale).unwrap();
+
+        assert_eq!(store.adopt(&old_root).unwrap(), 2);
+        // Moved byte for byte (read before `load`, which sets this invalid one aside).
+        assert_eq!(
+            fs::read_to_string(dir.path().join("run/layouts/gpu-0.json")).unwrap(),
+            "{}"
+        );
+        assert_eq!(store.load().unwrap().claims["0b1e-uid"], rec);
+        assert!(
+            !old_root.join("claims").exists(),
+            "the old directory is emptied"
+        );
+        assert!(!old_root.join("layouts").exists());
+        // Nothing left to move; the store is untouched.
+        assert_eq!(store.adopt(&old_root).unwrap(), 0);
+        rec.uid = "second".into();
+        store.save_claim(&rec).unwrap();
+        assert_eq!(store.adopt(&old_root).unwrap(), 0);
+        assert_eq!(store.load().unwrap().claims.len(), 2);
+    }
+
+    #[test]
+    fn a_store_adopting_its_own_directory_moves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(dir.path(), None);
+        store
+            .save_claim(&record(ClaimPhase::PrepareCompleted))
+            .unwrap();
+        assert_eq!(store.adopt(dir.path()).unwrap(), 0);
+        assert_eq!(store.load().unwrap().claims.len(), 1);
     }
 
     #[test]

@@ -63,14 +63,26 @@ pub struct Args {
     #[arg(long, env = "TESSERA_NVIDIA_CAPS_ROOT", default_value = crate::devnodes::DEFAULT_CAPS_ROOT)]
     pub nvidia_caps_root: PathBuf,
 
-    /// Where the plugin keeps its checkpoint (`claims/<uid>.json`); must survive plugin
-    /// restarts (hostPath).
+    /// Where the plugin keeps its records that change rarely (the last offer of each GPU,
+    /// GPU faults) and its MPS daemons' pipes; must survive plugin restarts (hostPath).
     #[arg(
         long,
         env = "TESSERA_STATE_DIR",
         default_value = "/var/lib/kubelet/plugins/gpu.tessera.dev"
     )]
     pub state_dir: PathBuf,
+
+    /// Where the plugin keeps its checkpoint (`claims/<uid>.json`, `layouts/`), written on
+    /// every prepare and unprepare. What a record describes does not outlive a reboot, so
+    /// this belongs on a tmpfs (`/run`): a disk would put its journal on the kubelet's
+    /// path. Must survive plugin restarts (hostPath). Records an earlier version left under
+    /// `--state-dir` are moved here at start-up.
+    #[arg(
+        long,
+        env = "TESSERA_CHECKPOINT_DIR",
+        default_value = "/run/tessera/gpu.tessera.dev"
+    )]
+    pub checkpoint_dir: PathBuf,
 
     /// File holding the node's boot ID. Checkpoint records of an earlier boot are void
     /// (MIG instances, MPS daemons and CDI specs do not survive a reboot) and are forgotten

@@ -162,7 +162,7 @@ pub(super) struct Phase {
 
 /// Bytes in the plugin's checkpoint directory (one file per prepared claim).
 fn checkpoint_bytes(node: &SimNode) -> u64 {
-    std::fs::read_dir(node.state_dir().join("claims"))
+    std::fs::read_dir(node.checkpoint_dir().join("claims"))
         .map(|entries| {
             entries
                 .flatten()

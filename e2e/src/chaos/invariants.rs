@@ -352,19 +352,19 @@ struct LayoutFile {
     layout: HeldLayout,
 }
 
-/// Reads a plugin's state directory without changing it: files being written (dot files)
+/// Reads a plugin's checkpoint directory without changing it: files being written (dot files)
 /// and files that do not parse (torn) are skipped.
 pub fn read_checkpoint(
-    state_dir: &Path,
+    checkpoint_dir: &Path,
 ) -> (BTreeMap<String, ClaimRecord>, BTreeMap<u32, HeldLayout>) {
     let mut claims = BTreeMap::new();
-    for text in files(&state_dir.join("claims")) {
+    for text in files(&checkpoint_dir.join("claims")) {
         if let Ok(f) = serde_json::from_str::<ClaimFile>(&text) {
             claims.insert(f.claim.uid.clone(), f.claim);
         }
     }
     let mut layouts = BTreeMap::new();
-    for text in files(&state_dir.join("layouts")) {
+    for text in files(&checkpoint_dir.join("layouts")) {
         if let Ok(f) = serde_json::from_str::<LayoutFile>(&text) {
             layouts.insert(f.gpu, f.layout);
         }

@@ -90,9 +90,9 @@ pub enum Fault {
     /// The plugin is upgraded as the DaemonSet rolls it: a new instance next to the old
     /// one takes the node over while a pod for it arrives.
     PluginUpgrade,
-    /// The plugin's state directory turns read-only or fills up while a pod for the node
+    /// The plugin's checkpoint directory turns read-only or fills up while a pod for the node
     /// arrives, and recovers.
-    StateDir,
+    CheckpointDir,
 }
 
 impl Fault {
@@ -109,7 +109,7 @@ impl Fault {
             Fault::EtcdOutage => "etcd-outage",
             Fault::TornCheckpoint => "torn-checkpoint",
             Fault::PluginUpgrade => "plugin-upgrade",
-            Fault::StateDir => "state-dir",
+            Fault::CheckpointDir => "checkpoint-dir",
         }
     }
 }
@@ -137,11 +137,11 @@ pub const SCHEDULE: [Fault; 19] = [
     Fault::TornCheckpoint,
     Fault::PluginKill,
     Fault::PluginUpgrade,
-    Fault::StateDir,
+    Fault::CheckpointDir,
 ];
 
-/// The size of each node's state directory (a tmpfs the campaign can fill).
-const STATE_DIR_BYTES: u64 = 8 << 20;
+/// The size of each node's checkpoint directory (a tmpfs the campaign can fill).
+const CHECKPOINT_DIR_BYTES: u64 = 8 << 20;
 
 /// How long etcd stays down in an outage.
 const ETCD_DOWN: Duration = Duration::from_secs(3);
@@ -331,12 +331,12 @@ pub async fn run(
     for (name, pool, inventory) in NODES {
         progress(&format!("starting node {name} (pool {pool})"));
         nodes.push(
-            SimNode::start_in_pool_with_small_state_dir(
+            SimNode::start_in_pool_with_small_checkpoint_dir(
                 &*cp,
                 name,
                 pool,
                 inventory,
-                STATE_DIR_BYTES,
+                CHECKPOINT_DIR_BYTES,
             )
             .await?,
         );
@@ -575,7 +575,7 @@ impl Campaign<'_> {
                 // A power cut: the plugin stops mid-write, and what the kernel had not yet
                 // written is lost with the boot.
                 n.kill();
-                let records: Vec<_> = std::fs::read_dir(n.state_dir().join("claims"))
+                let records: Vec<_> = std::fs::read_dir(n.checkpoint_dir().join("claims"))
                     .map(|d| d.flatten().map(|e| e.path()).collect())
                     .unwrap_or_default();
                 let records: Vec<_> = records
@@ -609,17 +609,17 @@ impl Campaign<'_> {
                 self.serving(node).await?;
                 self.report.recovered(name, took);
             }
-            Fault::StateDir => self.break_state_dir().await?,
+            Fault::CheckpointDir => self.break_checkpoint_dir().await?,
         }
         Ok(())
     }
 
-    /// Makes a node's state directory read-only or full (after a pod of the shape left, so
+    /// Makes a node's checkpoint directory read-only or full (after a pod of the shape left, so
     /// there is room), sends a pod there, waits for its prepare to be refused, and repairs
     /// the directory; recovery is the repair to the
     /// pod running (the kubelet's retry prepares it), or to the plugin answering ready when
     /// no prepare came (the pod waits for capacity elsewhere).
-    async fn break_state_dir(&mut self) -> anyhow::Result<()> {
+    async fn break_checkpoint_dir(&mut self) -> anyhow::Result<()> {
         let all = shapes();
         // The A100's shape waits for the planner, so its pod may never be prepared.
         let eligible: Vec<&Shape> = all.iter().filter(|s| s.name != "a100-4g").collect();
@@ -673,7 +673,7 @@ impl Campaign<'_> {
         // filled frees the room the next prepare's record then takes: that prepare is not
         // refused, and the fault meets nothing. Break the directory only once every record
         // there belongs to a pod that stays.
-        let state_dir = self.node_mut(node)?.state_dir();
+        let checkpoint_dir = self.node_mut(node)?.checkpoint_dir();
         eventually(
             &format!("the claims of departed pods to be unprepared on {node}"),
             SETTLE,
@@ -687,7 +687,7 @@ impl Campaign<'_> {
                     .filter(|p| p.metadata.deletion_timestamp.is_none())
                     .filter_map(|p| p.metadata.name)
                     .collect();
-                let (claims, _) = invariants::read_checkpoint(&state_dir);
+                let (claims, _) = invariants::read_checkpoint(&checkpoint_dir);
                 claims
                     .values()
                     .all(|r| claim_pod(&r.name).is_some_and(|p| staying.contains(p)))
@@ -698,9 +698,9 @@ impl Campaign<'_> {
         {
             let n = self.node_mut(node)?;
             if read_only {
-                n.state_dir_read_only(true)?;
+                n.checkpoint_dir_read_only(true)?;
             } else {
-                n.fill_state_dir(true)?;
+                n.fill_checkpoint_dir(true)?;
             }
         }
         let before = node_refusals(&self.client, node).await;
@@ -711,7 +711,7 @@ impl Campaign<'_> {
         // rather than the new one: any prepare refused there met the broken directory. A
         // pod that runs on the broken directory is a prepare that was not refused.
         let refused = eventually(
-            &format!("a prepare on {node} to meet the {how} state directory"),
+            &format!("a prepare on {node} to meet the {how} checkpoint directory"),
             SETTLE,
             || async {
                 if prepare_refused(&self.client, &pod).await {
@@ -737,26 +737,27 @@ impl Campaign<'_> {
         {
             let n = self.node_mut(node)?;
             if read_only {
-                n.state_dir_read_only(false)?;
+                n.checkpoint_dir_read_only(false)?;
             } else {
-                n.fill_state_dir(false)?;
+                n.fill_checkpoint_dir(false)?;
             }
         }
         if let Some(refused) = refused {
             *self
                 .report
-                .state_dir_refusals
+                .checkpoint_dir_refusals
                 .entry(how.to_string())
                 .or_insert(0) += 1;
             cluster::wait_pod_running(&self.client, NAMESPACE, &refused, SETTLE).await?;
         } else {
             let ran_on = self.where_pod_runs(&pod).await;
             self.report
-                .state_dir_misses
+                .checkpoint_dir_misses
                 .push(format!("{how} on {node}; {pod} ran {ran_on}"));
         }
         self.serving(node).await?;
-        self.report.recovered(Fault::StateDir.name(), t0.elapsed());
+        self.report
+            .recovered(Fault::CheckpointDir.name(), t0.elapsed());
         Ok(())
     }
 
@@ -958,7 +959,7 @@ impl Campaign<'_> {
         let mut nodes = Vec::new();
         for n in &self.nodes {
             let hardware = tessera_gpu::backend::sim::state::load_state(&n.sim_state())?;
-            let (claims, layouts) = invariants::read_checkpoint(&n.state_dir());
+            let (claims, layouts) = invariants::read_checkpoint(&n.checkpoint_dir());
             nodes.push(NodeView {
                 name: n.name.clone(),
                 hardware,

@@ -38,10 +38,10 @@ pub struct Report {
     pub aborts_not_reached: u64,
     /// State-directory faults that a prepare met (refused, then retried once repaired),
     /// by `read-only` / `full`.
-    pub state_dir_refusals: BTreeMap<String, u64>,
+    pub checkpoint_dir_refusals: BTreeMap<String, u64>,
     /// State-directory faults whose pod ran without any prepare on that node being
     /// refused: how the directory was broken, and where the pod ran on what device.
-    pub state_dir_misses: Vec<String>,
+    pub checkpoint_dir_misses: Vec<String>,
     /// Invariant checks run.
     pub checks: u64,
     /// Pods created and deleted by the workload.
@@ -124,20 +124,23 @@ impl fmt::Display for Report {
                 self.aborts_not_reached
             )?;
         }
-        if !self.state_dir_refusals.is_empty() {
+        if !self.checkpoint_dir_refusals.is_empty() {
             let how: Vec<String> = self
-                .state_dir_refusals
+                .checkpoint_dir_refusals
                 .iter()
                 .map(|(k, n)| format!("{k} {n}"))
                 .collect();
             writeln!(
                 f,
-                "prepares refused by a broken state directory, then run once repaired: {}",
+                "prepares refused by a broken checkpoint directory, then run once repaired: {}",
                 how.join(", ")
             )?;
         }
-        for miss in &self.state_dir_misses {
-            writeln!(f, "a broken state directory met no refused prepare: {miss}")?;
+        for miss in &self.checkpoint_dir_misses {
+            writeln!(
+                f,
+                "a broken checkpoint directory met no refused prepare: {miss}"
+            )?;
         }
         if self.violations.is_empty() {
             writeln!(f, "violations: none")

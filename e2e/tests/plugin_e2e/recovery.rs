@@ -110,7 +110,7 @@ async fn a_plugin_aborted_between_two_file_writes_recovers_and_nothing_leaks() {
                 })
                 .unwrap_or_default()
         };
-        let mut left = list(node.state_dir().join("claims"));
+        let mut left = list(node.checkpoint_dir().join("claims"));
         left.extend(list(node.cdi_dir()));
         left
     };

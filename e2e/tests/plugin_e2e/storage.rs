@@ -15,14 +15,14 @@ async fn prepare_failures(client: &Client, pod: &str) -> Vec<String> {
         .collect()
 }
 
-/// A state directory that turns read-only or fills up fails the prepares that need it,
+/// A checkpoint directory that turns read-only or fills up fails the prepares that need it,
 /// each with an error that says so (in the pod's events), and touches no hardware; once
 /// it is writable again the kubelet's retry prepares the claim. An unprepare that cannot
 /// drop its record fails and succeeds on the retry after the directory recovers.
 #[tokio::test]
-async fn a_read_only_or_full_state_directory_fails_prepares_cleanly_until_it_recovers() {
+async fn a_read_only_or_full_checkpoint_directory_fails_prepares_cleanly_until_it_recovers() {
     let (cp, client) = setup().await;
-    let node = SimNode::start_with_small_state_dir(
+    let node = SimNode::start_with_small_checkpoint_dir(
         &cp,
         "small-disk",
         "gpus: [{model: h100-80gb}]\nlatencies: zero\n",
@@ -54,12 +54,12 @@ async fn a_read_only_or_full_state_directory_fails_prepares_cleanly_until_it_rec
     ] {
         let made = instances();
         match fault {
-            "read-only" => node.state_dir_read_only(true).unwrap(),
-            _ => node.fill_state_dir(true).unwrap(),
+            "read-only" => node.checkpoint_dir_read_only(true).unwrap(),
+            _ => node.fill_checkpoint_dir(true).unwrap(),
         }
         mig(pod).await;
         let failures = eventually(
-            &format!("the prepare of {pod} to fail on the {fault} state directory"),
+            &format!("the prepare of {pod} to fail on the {fault} checkpoint directory"),
             WAIT,
             || async {
                 let f = prepare_failures(&client, pod).await;
@@ -94,8 +94,8 @@ async fn a_read_only_or_full_state_directory_fails_prepares_cleanly_until_it_rec
             "the plugin stopped serving"
         );
         match fault {
-            "read-only" => node.state_dir_read_only(false).unwrap(),
-            _ => node.fill_state_dir(false).unwrap(),
+            "read-only" => node.checkpoint_dir_read_only(false).unwrap(),
+            _ => node.fill_checkpoint_dir(false).unwrap(),
         }
         wait_running(&client, pod).await;
     }
@@ -103,7 +103,7 @@ async fn a_read_only_or_full_state_directory_fails_prepares_cleanly_until_it_rec
 
     // An unprepare that cannot drop its record fails and is retried by the kubelet; the
     // pod stays until it succeeds.
-    node.state_dir_read_only(true).unwrap();
+    node.checkpoint_dir_read_only(true).unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     pods.delete("first", &DeleteParams::default())
         .await
@@ -116,7 +116,7 @@ async fn a_read_only_or_full_state_directory_fails_prepares_cleanly_until_it_rec
     .await
     .unwrap();
     assert!(pods.get_opt("first").await.unwrap().is_some());
-    node.state_dir_read_only(false).unwrap();
+    node.checkpoint_dir_read_only(false).unwrap();
     delete_pod(&client, "first").await;
     for pod in ["on-read-only", "on-full"] {
         delete_pod(&client, pod).await;

@@ -129,3 +129,71 @@ async fn a_rolling_update_hands_the_node_over_without_a_gap() {
         node.log_tail(40)
     );
 }
+
+/// An upgrade from a version that kept its checkpoint in the state directory (before
+/// `--checkpoint-dir`): the new plugin moves the records it finds there into its
+/// checkpoint directory before it loads them, so the claims its predecessor prepared stay
+/// its own and their instances are destroyed when the pods end. Here the records are put
+/// where that version wrote them while the plugin is stopped.
+#[tokio::test]
+async fn an_upgrade_takes_over_the_records_an_earlier_version_kept_in_the_state_directory() {
+    let (cp, client) = setup().await;
+    let mut node = SimNode::start(
+        &cp,
+        "upgraded",
+        "gpus: [{model: h100-80gb}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    create_pod(
+        &client,
+        "kept",
+        "mig.tessera.dev",
+        Some(&profile("3g.40gb")),
+        None,
+    )
+    .await;
+    wait_running(&client, "kept").await;
+    assert_eq!(sim(&node).gpus[0].instances.len(), 1);
+
+    let records = |dir: std::path::PathBuf| -> Vec<String> {
+        let mut names: Vec<String> = match std::fs::read_dir(dir.join("claims")) {
+            Ok(entries) => entries
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        names.sort();
+        names
+    };
+    node.terminate().await.unwrap();
+    let current = records(node.checkpoint_dir());
+    assert_eq!(current.len(), 1, "one record for the pod's claim");
+    let old = node.state_dir().join("claims");
+    std::fs::create_dir_all(&old).unwrap();
+    for name in &current {
+        // The two directories are on different file systems, as on a node.
+        let from = node.checkpoint_dir().join("claims").join(name);
+        std::fs::copy(&from, old.join(name)).unwrap();
+        std::fs::remove_file(from).unwrap();
+    }
+
+    node.restart().await.unwrap();
+    assert_eq!(records(node.checkpoint_dir()), current);
+    assert!(records(node.state_dir()).is_empty());
+    assert!(
+        node.log_tail(200)
+            .contains("moved the checkpoint records an earlier version kept"),
+        "{}",
+        node.log_tail(40)
+    );
+    // The plugin knows the instance is the claim's: the pod's end destroys it.
+    delete_pod(&client, "kept").await;
+    eventually("the MIG instance of `kept` to be destroyed", WAIT, || {
+        let state = sim(&node);
+        async move { state.gpus[0].instances.is_empty().then_some(()) }
+    })
+    .await
+    .unwrap();
+    assert!(records(node.checkpoint_dir()).is_empty());
+}
