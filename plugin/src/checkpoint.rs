@@ -486,7 +486,9 @@ impl CheckpointStore {
         let mut moved = 0;
         for (sub, dest) in [("claims", &self.claims), ("layouts", &self.layouts)] {
             let src = old_root.join(sub);
-            if src == *dest {
+            // One directory under two names (`/var/run` is `/run` on most hosts): moving
+            // a record onto itself and then removing "the old one" would delete it.
+            if same_dir(&src, dest) {
                 continue;
             }
             let entries = match fs::read_dir(&src) {
@@ -528,6 +530,15 @@ impl CheckpointStore {
             path: path.to_path_buf(),
             source,
         }
+    }
+}
+
+/// Whether `a` and `b` name the same directory, through links or spelling; `false` when
+/// either does not exist.
+fn same_dir(a: &Path, b: &Path) -> bool {
+    match (fs::canonicalize(a), fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
     }
 }
 
@@ -634,11 +645,14 @@ mod tests {
     #[test]
     fn a_store_adopting_its_own_directory_moves_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let store = CheckpointStore::new(dir.path(), None);
+        let store = CheckpointStore::new(dir.path().join("run"), None);
         store
             .save_claim(&record(ClaimPhase::PrepareCompleted))
             .unwrap();
-        assert_eq!(store.adopt(dir.path()).unwrap(), 0);
+        assert_eq!(store.adopt(&dir.path().join("run")).unwrap(), 0);
+        // The same directory under another name, as `/var/run` is `/run`.
+        std::os::unix::fs::symlink(dir.path().join("run"), dir.path().join("var-run")).unwrap();
+        assert_eq!(store.adopt(&dir.path().join("var-run")).unwrap(), 0);
         assert_eq!(store.load().unwrap().claims.len(), 1);
     }
 

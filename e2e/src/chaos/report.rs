@@ -36,10 +36,10 @@ pub struct Report {
     /// Armed aborts that no operation reached before they were disarmed (the plugin was
     /// killed instead).
     pub aborts_not_reached: u64,
-    /// State-directory faults that a prepare met (refused, then retried once repaired),
+    /// Checkpoint-directory faults that a prepare met (refused, then retried once repaired),
     /// by `read-only` / `full`.
     pub checkpoint_dir_refusals: BTreeMap<String, u64>,
-    /// State-directory faults whose pod ran without any prepare on that node being
+    /// Checkpoint-directory faults whose pod ran without any prepare on that node being
     /// refused: how the directory was broken, and where the pod ran on what device.
     pub checkpoint_dir_misses: Vec<String>,
     /// Invariant checks run.

@@ -163,9 +163,15 @@ impl Mps {
 
     /// Whether the daemon of GPU `gpu` is the one this plugin started and is alive: a
     /// `/proc` read, no process start. `false` for an adopted daemon, which only
-    /// [`Mps::state`] can check.
+    /// [`Mps::state`] can check, and while another call holds the daemons (a start or a
+    /// check runs processes under the lock, for seconds at worst): this is called on the
+    /// async runtime's worker, which must not wait for them.
     pub fn known_running(&self, gpu: u32) -> bool {
-        let daemons = self.daemons.lock().unwrap_or_else(|p| p.into_inner());
+        let daemons = match self.daemons.try_lock() {
+            Ok(d) => d,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
         daemons.get(&gpu).is_some_and(|(_, pid)| alive(*pid))
     }
 
@@ -267,6 +273,13 @@ mod tests {
             .insert(0, (config.clone(), child.id()));
         assert!(mps.known_running(0));
         assert!(!mps.known_running(1));
+        {
+            // Another call holding the daemons (a start running processes): not known,
+            // rather than waiting.
+            let _held = mps.daemons.lock().expect("lock");
+            assert!(!mps.known_running(0));
+        }
+        assert!(mps.known_running(0));
         child.kill().expect("killing");
         // Not reaped yet: a zombie.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
