@@ -21,6 +21,7 @@ use crate::{
 
 mod corpus;
 mod layout;
+mod shapes;
 
 const DRIVER: &str = "gpu.tessera.dev";
 const NODE: &str = "node-a";
@@ -30,6 +31,8 @@ struct TestNode {
     dir: tempfile::TempDir,
     sim: Arc<SimBackend>,
     api: Arc<FakeClaims>,
+    /// What the node loop's hand-over would have applied (empty: nothing yet).
+    applied: crate::fence::AppliedOffers,
 }
 
 /// A GPU of `model` at `index` of a test node.
@@ -69,6 +72,7 @@ impl TestNode {
             dir,
             sim: Arc::new(sim),
             api: Arc::new(FakeClaims::default()),
+            applied: crate::fence::AppliedOffers::default(),
         }
     }
 
@@ -93,6 +97,7 @@ impl TestNode {
             cdi,
             mps_root: self.dir.path().join("mps"),
             caps_root: self.dir.path().join("caps"),
+            applied: self.applied.clone(),
             metrics: Arc::new(Metrics::new()),
             background: tokio::runtime::Handle::current(),
             status_rate: RateLimiter::new(0.0, 1),
