@@ -205,6 +205,9 @@ impl Driver {
                 }
             }
         }
+        for (gpu, note) in self.stuck_notes().await {
+            report.incomplete.entry(gpu).or_insert(note);
+        }
         report
     }
 

@@ -236,6 +236,8 @@ pub struct Driver {
     status_writer: claim_status::ClaimStatusWriter,
     /// The time-slice length this process set on each GPU.
     time_slices: std::sync::Mutex<BTreeMap<u32, tessera_gpu::backend::TimeSlice>>,
+    /// Claims start-up recovery could not settle, by UID: their GPUs and what to report.
+    stuck: std::sync::Mutex<BTreeMap<String, (BTreeSet<u32>, String)>>,
 }
 
 pub use claim_status::STATUS_WRITES_IN_FLIGHT;
@@ -313,6 +315,7 @@ impl Driver {
             metrics: cfg.metrics,
             status_writer,
             time_slices: std::sync::Mutex::new(BTreeMap::new()),
+            stuck: std::sync::Mutex::new(BTreeMap::new()),
         }))
     }
 
