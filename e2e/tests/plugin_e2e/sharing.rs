@@ -218,9 +218,9 @@ async fn mig_mps_and_whole_gpu_pods_run_and_deleting_them_destroys_what_was_made
         0,
         "CDI specs removed"
     );
-    // The prepares switched GPU 0 (MIG off at start) into MIG mode, and the mode stays
-    // after its instances are gone: the status follows the hardware, not the start-up.
-    assert!(state.gpus[0].mig_enabled);
+    // The prepares switched GPU 0 (MIG off at start) into MIG mode; once nothing uses it,
+    // it goes back to MIG off, the mode every shape but a partition needs (a MIG mode left
+    // on made the MPS pods of the demo find no CUDA device).
     cluster::wait_for(
         &gpunodes,
         "h100-node",
@@ -228,14 +228,15 @@ async fn mig_mps_and_whole_gpu_pods_run_and_deleting_them_destroys_what_was_made
             g.and_then(|g| g.status.as_ref()).is_some_and(|s| {
                 s.gpus
                     .first()
-                    .is_some_and(|g| g.mig_enabled && g.instances.is_empty())
+                    .is_some_and(|g| !g.mig_enabled && g.instances.is_empty())
             })
         },
-        "GpuNode status to show GPU 0 in MIG mode with no instances",
+        "GpuNode status to show GPU 0 back in MIG mode off with no instances",
         WAIT,
     )
     .await
     .unwrap();
+    assert!(!sim(&h100).gpus[0].mig_enabled);
     // Republished to match the freed hardware: GPU 0 is offered first again, with its
     // placements in the order of an empty GPU (the order follows occupancy).
     let layout = tessera_gpu::find_model("h100-80gb")
@@ -267,6 +268,75 @@ async fn mig_mps_and_whole_gpu_pods_run_and_deleting_them_destroys_what_was_made
                 .collect();
             (names == expected).then_some(())
         },
+    )
+    .await
+    .unwrap();
+
+    // The demo's path: the H100 that served partitions is switched to MPS (the L4s are
+    // handed out whole, so the share can only land on the H100). Its MPS pod runs on a GPU
+    // with MIG mode off and its daemon started there.
+    operator_sets_gpus(
+        &client,
+        "l4-node",
+        json!([{"index": 1, "strategy": "Exclusive"}]),
+    )
+    .await;
+    operator_sets_gpus(
+        &client,
+        "h100-node",
+        json!([{"index": 0, "strategy": "MPS", "mps": {"maxClients": 4}}]),
+    )
+    .await;
+    for (node, strategy) in [
+        ("l4-node", tessera_api::policy::SharingStrategy::Exclusive),
+        ("h100-node", tessera_api::policy::SharingStrategy::Mps),
+    ] {
+        let gpu = usize::from(node == "l4-node");
+        cluster::wait_for(
+            &gpunodes,
+            node,
+            |g: Option<&tessera_api::GpuNode>| {
+                g.and_then(|g| g.status.as_ref()?.gpus.get(gpu).cloned())
+                    .is_some_and(|g| g.strategy == Some(strategy))
+            },
+            &format!("{node} to offer GPU {gpu} as {strategy:?}"),
+            WAIT,
+        )
+        .await
+        .unwrap();
+    }
+    create_pod(
+        &client,
+        "mps-h100",
+        "mps.tessera.dev",
+        None,
+        Some(json!({"computePercent": "25", "memory": "4Gi"})),
+    )
+    .await;
+    let pod = wait_running(&client, "mps-h100").await;
+    assert_eq!(
+        allocated(&claim_of(&client, &pod).await),
+        ("h100-node".to_string(), "gpu-0-mps".to_string())
+    );
+    let gpu0 = &sim(&h100).gpus[0];
+    assert!(
+        !gpu0.mig_enabled,
+        "MPS on a GPU in MIG mode runs no CUDA work"
+    );
+    assert!(gpu0.mps.is_some());
+    cluster::wait_for(
+        &gpunodes,
+        "h100-node",
+        |g: Option<&tessera_api::GpuNode>| {
+            g.and_then(|g| g.status.as_ref()?.gpus.first().cloned())
+                .is_some_and(|g| {
+                    g.strategy == Some(tessera_api::policy::SharingStrategy::Mps)
+                        && !g.mig_enabled
+                        && g.mps.is_some_and(|m| m.daemon_running)
+                })
+        },
+        "GpuNode status to show GPU 0 as MPS, MIG off, its daemon running",
+        WAIT,
     )
     .await
     .unwrap();
