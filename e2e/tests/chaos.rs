@@ -29,6 +29,10 @@ async fn a_short_fault_campaign_breaks_no_invariant() {
         "torn-checkpoint",
         "plugin-upgrade",
         "checkpoint-dir",
+        "policy-edit",
+        "plugin-restart-mid-change",
+        "adaptive-move",
+        "destroy-refused",
     ] {
         assert!(
             report.faults.get(kind).copied().unwrap_or(0) > 0,
