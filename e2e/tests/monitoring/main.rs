@@ -433,7 +433,11 @@ async fn a_real_prometheus_scrapes_both_binaries_and_evaluates_every_query_and_a
         targets_down(&prom, 4).await.is_empty().then_some(())
     })
     .await;
-    assert!(down.is_ok(), "{:?}", targets_down(&prom, 4).await);
+    assert!(
+        down.is_ok(),
+        "targets a real Prometheus does not scrape:\n{}",
+        targets_down(&prom, 4).await.join("\n")
+    );
     // Both formats parsed: the text-format scrapes read samples (and dropped them).
     for (port, who) in [
         (node.metrics_port(), "plugin"),
