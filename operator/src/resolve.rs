@@ -467,7 +467,9 @@ fn adaptive_strategy(
         .unwrap_or(SharingStrategy::Exclusive)
 }
 
-fn mig_config(
+/// The MIG configuration `policy` gives `gpu` (`previous`: its entry now, whose static
+/// placements are kept), or why the GPU cannot take it.
+pub(crate) fn mig_config(
     policy: &PolicyView,
     gpu: &GpuState,
     previous: Option<&GpuConfig>,

@@ -376,6 +376,8 @@ pub struct Operator {
     dwell: Duration,
     /// Unmodelled claims whose pods were told so (each once while it waits).
     announced: BTreeSet<String>,
+    /// Unservable claims whose pods were told so (each once while it stays so).
+    told_unservable: BTreeSet<String>,
     /// When this process last moved each GPU (`node`, index) for demand: its cooldown.
     changed_at: BTreeMap<(String, u32), Instant>,
     /// Each Adaptive policy's last moves, newest first.
@@ -398,6 +400,7 @@ impl Operator {
             written: BTreeMap::new(),
             dwell: DEFAULT_DWELL,
             announced: BTreeSet::new(),
+            told_unservable: BTreeSet::new(),
             changed_at: BTreeMap::new(),
             last_changes: BTreeMap::new(),
             transitions: Transitions::default(),
@@ -545,17 +548,18 @@ impl Operator {
         // What the plugins switched for the scheduler is no plan of ours: it is followed
         // at once, whatever the batch window.
         let mut moves = latent::switches(&snapshot, &supply);
-        moves.extend(match gate {
-            Gate::Plan => adaptive::plan(
+        if gate == Gate::Plan {
+            let plan = adaptive::plan(
                 &snapshot,
                 &resolution,
                 &demand,
                 &rooms,
                 &since_change,
                 &self.transitions.gpus(),
-            ),
-            Gate::Wait(_) => Vec::new(),
-        });
+            );
+            moves.extend(plan.changes);
+            self.announce_unservable(&plan.unservable).await;
+        }
         if !moves.is_empty() || retake {
             for m in &moves {
                 snapshot.adaptive.insert((m.node.clone(), m.gpu), m.to);
@@ -872,6 +876,33 @@ impl Operator {
                 secondary: None,
             };
             for pod in pods {
+                if let Some(object) = self.caches.pod_ref(pod) {
+                    self.events.publish(&event, &object).await;
+                }
+            }
+        }
+    }
+
+    /// Tells the pods of each newly unservable claim why no Adaptive policy moves a GPU
+    /// for it (once while it stays so).
+    async fn announce_unservable(&mut self, unservable: &BTreeMap<String, adaptive::Unservable>) {
+        self.told_unservable.retain(|c| unservable.contains_key(c));
+        for (claim, u) in unservable {
+            if !self.told_unservable.insert(claim.clone()) {
+                continue;
+            }
+            warn!(%claim, reason = %u.why, "no Adaptive policy can serve a waiting claim");
+            let event = kube::runtime::events::Event {
+                type_: kube::runtime::events::EventType::Warning,
+                reason: "UnservableClaim".into(),
+                note: Some(format!(
+                    "claim {claim}: no Adaptive policy has a GPU that could offer what it asks, so none is moved for it: {}",
+                    u.why
+                )),
+                action: "Demand".into(),
+                secondary: None,
+            };
+            for pod in &u.pods {
                 if let Some(object) = self.caches.pod_ref(pod) {
                     self.events.publish(&event, &object).await;
                 }
