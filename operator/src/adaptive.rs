@@ -16,6 +16,9 @@
 //! - at most one GPU per node and [`MAX_CHANGES`] in the cluster are on their way at
 //!   once (a move is on its way until it ends, see [`crate::transitions`]); the next pass
 //!   sees what the first did.
+//! - policies are taken in name order, and a request one of them found a GPU for (one it
+//!   has, or one it moves) is not planned for again by the next: Adaptive policies that
+//!   see the same waiting claim move one GPU for it, not one each.
 //!
 //! A GPU holds what its plugin would publish under the policy (see [`holds`]): the MIG
 //! partitions `mig.allowedProfiles` lets it offer, each placed where the plugin would
@@ -116,6 +119,9 @@ pub fn plan(
     // policy that tried has none.
     let mut servable: BTreeSet<(String, SharingStrategy)> = BTreeSet::new();
     let mut refused: BTreeMap<(String, SharingStrategy), Refused> = BTreeMap::new();
+    // (claim, request) a policy found a GPU for in this pass: Adaptive policies may
+    // overlap in the claims they see, and one claim is served once, not once by each.
+    let mut served: BTreeSet<(String, String)> = BTreeSet::new();
     for policy in &snapshot.policies {
         let Some(adaptive) = policy
             .spec
@@ -138,7 +144,7 @@ pub fn plan(
             .repartition
             .as_ref()
             .is_some_and(|r| r.allow_gpu_reset);
-        let mut wanted = wanted(demand, &adaptive.strategies);
+        let mut wanted = wanted(demand, &adaptive.strategies, &served);
         // The policy's GPUs: (node, index, strategy now, idle).
         let gpus: Vec<(String, u32, SharingStrategy, bool)> = outcome
             .governed
@@ -208,6 +214,11 @@ pub fn plan(
                     claims: took,
                 });
             }
+            served.extend(claims.iter().filter(|c| c.node.is_some()).flat_map(|c| {
+                c.requests
+                    .iter()
+                    .map(|r| (c.claim.to_string(), (*r).to_string()))
+            }));
             // A claim nothing was found for: could any GPU of the policy ever hold it?
             for c in claims.iter().filter(|c| c.node.is_none()) {
                 let key = (c.claim.to_string(), *strategy);
@@ -294,6 +305,8 @@ fn describe(strategy: SharingStrategy, c: &ClaimNeed<'_>) -> String {
 struct ClaimNeed<'d> {
     /// The claim, as `namespace/name`.
     claim: &'d str,
+    /// The names of its requests this need stands for.
+    requests: Vec<&'d str>,
     pods: &'d BTreeSet<String>,
     /// MPS compute percent or devices (MIG partitions, whole GPUs, time-slices), still to
     /// be found.
@@ -346,15 +359,21 @@ fn fill<'d>(
 }
 
 /// What the waiting claims ask of each of `strategies`, in the claims' name order, each
-/// request under its first alternative that one of them offers.
+/// request under its first alternative that one of them offers. Requests in `served`
+/// (claim, request), which an earlier policy of the pass found a GPU for, are left out.
 fn wanted<'d>(
     demand: &'d Demand,
     strategies: &[SharingStrategy],
+    served: &BTreeSet<(String, String)>,
 ) -> BTreeMap<SharingStrategy, Vec<ClaimNeed<'d>>> {
+    type Need<'d> = (u32, u32, Vec<Option<&'d str>>, Vec<&'d str>);
     let mut out: BTreeMap<SharingStrategy, Vec<ClaimNeed<'d>>> = BTreeMap::new();
     for c in demand.pending.values() {
-        let mut per: BTreeMap<SharingStrategy, (u32, u32, Vec<Option<&'d str>>)> = BTreeMap::new();
+        let mut per: BTreeMap<SharingStrategy, Need<'d>> = BTreeMap::new();
         for r in &c.requests {
+            if served.contains(&(c.claim.clone(), r.name.clone())) {
+                continue;
+            }
             let Some((shape, devices)) = r
                 .alternatives
                 .iter()
@@ -376,10 +395,12 @@ fn wanted<'d>(
                 Shape::Whole | Shape::TimeSlice => *devices,
             };
             e.1 += devices;
+            e.3.push(&r.name);
         }
-        for (strategy, (units, devices, profiles)) in per {
+        for (strategy, (units, devices, profiles, requests)) in per {
             out.entry(strategy).or_default().push(ClaimNeed {
                 claim: &c.claim,
+                requests,
                 pods: &c.pods,
                 units,
                 devices,

@@ -543,6 +543,7 @@ fn a_gpu_the_catalogue_has_no_mig_layout_for_takes_no_mig_claim() {
     let pods = BTreeSet::new();
     let claim = ClaimNeed {
         claim: "ns/c",
+        requests: vec!["gpu"],
         pods: &pods,
         units: 1,
         devices: 1,
@@ -701,4 +702,58 @@ fn a_claim_no_gpu_of_the_policy_could_hold_is_reported_and_a_busy_one_is_not() {
         got.changes.is_empty() && got.unservable.is_empty(),
         "{got:?}"
     );
+}
+
+#[test]
+fn one_waiting_claim_moves_one_gpu_whichever_adaptive_policies_cover_it() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    let (mig, mps) = (SharingStrategy::Mig, SharingStrategy::Mps);
+    let on = |name: &str, pool: &str| {
+        let mut p = adaptive(MIG_MPS.to_vec(), None);
+        p.name = name.into();
+        p.spec.node_selector = Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([("pool".to_string(), pool.to_string())])),
+            match_expressions: None,
+        });
+        p
+    };
+    let labelled = |pool: &str| NodeView {
+        labels: Some(BTreeMap::from([("pool".to_string(), pool.to_string())])),
+        ..node(vec![gpu(0, H100, true)], &[])
+    };
+    let s = Snapshot {
+        policies: vec![on("ad", "a"), on("bd", "b")],
+        nodes: BTreeMap::from([
+            ("a".to_string(), labelled("a")),
+            ("b".to_string(), labelled("b")),
+        ]),
+        ..Snapshot::default()
+    };
+    let r = resolve(&s);
+    let moves = plan(
+        &s,
+        &r,
+        &wants(mps_share(), 1),
+        &Rooms::default(),
+        &BTreeMap::new(),
+        &BTreeSet::new(),
+    )
+    .changes;
+    let got: Vec<(String, u32, String, SharingStrategy, SharingStrategy)> = moves
+        .into_iter()
+        .map(|c| (c.node, c.gpu, c.policy, c.from, c.to))
+        .collect();
+    assert_eq!(got, [("a".into(), 0, "ad".into(), mig, mps)]);
+    // Five shares need two GPUs: the second policy moves one for what the first left.
+    let moves = plan(
+        &s,
+        &r,
+        &wants(mps_share(), 5),
+        &Rooms::default(),
+        &BTreeMap::new(),
+        &BTreeSet::new(),
+    )
+    .changes;
+    let got: Vec<(String, u32)> = moves.iter().map(|c| (c.node.clone(), c.claims)).collect();
+    assert_eq!(got, [("a".into(), 4), ("b".into(), 1)]);
 }
