@@ -519,20 +519,9 @@ impl Operator {
         snapshot.cooling = cooling;
         let mut resolution = resolve::resolve(&snapshot);
         let now = Instant::now();
-        let ended = self.transitions.observe(
-            &snapshot,
-            &resolution.specs,
-            |k| {
-                supply
-                    .allocated
-                    .get(k)
-                    .into_iter()
-                    .flatten()
-                    .map(|a| (a.claim.clone(), a.device.clone()))
-                    .collect()
-            },
-            now,
-        );
+        let ended = self
+            .transitions
+            .observe(&snapshot, &resolution.specs, &supply.allocated, now);
         // Before the ended moves are counted: whoever sees one counted sees it gone.
         self.set_in_flight();
         let mut retake = false;

@@ -56,6 +56,10 @@ pub struct Allocated {
     /// The device was allocated with binding conditions: it stood for a shape its GPU did
     /// not have (see the plugin's latent devices).
     pub latent: bool,
+    /// A share of a device many claims share (`allowMultipleAllocations`): the result has
+    /// a `shareID` or `consumedCapacity`, which the scheduler sets for such devices only.
+    /// A time-sliced GPU and a whole one have the same name; this tells them apart.
+    pub shared: bool,
 }
 
 /// A GPU's size, for the shares.
@@ -214,6 +218,7 @@ impl Supply {
                             .filter_map(|(k, q)| Some((k.clone(), capacity_units(k, &q.0)?)))
                             .collect(),
                         latent: r.binding_conditions.as_ref().is_some_and(|b| !b.is_empty()),
+                        shared: r.share_id.is_some() || r.consumed_capacity.is_some(),
                     });
             }
         }
@@ -432,6 +437,7 @@ mod tests {
                 memory_mib: None,
                 consumed: BTreeMap::new(),
                 latent: false,
+                shared: false,
             }],
         );
         s.allocated.insert(
@@ -444,6 +450,7 @@ mod tests {
                 memory_mib: Some(8_192),
                 consumed: BTreeMap::new(),
                 latent: false,
+                shared: true,
             }],
         );
         s
