@@ -7,7 +7,8 @@
 //!   MIG layout; [`policy_status`]: what each policy's status says; [`usage`]: what its
 //!   GPUs publish and what claims hold; [`events`]: which decisions become events.
 //! - [`room`]: whether a waiting pod could run on a node, devices aside.
-//! - [`runtime`]: the watch caches and the loop that writes what differs; [`app`]: the
+//! - [`runtime`]: the watch caches and the loop that writes what differs
+//!   ([`spec_writes`]: the spec writes it waits to see echoed); [`app`]: the
 //!   wiring [`run`] starts; [`config`], [`metrics`].
 
 pub mod adaptive;
@@ -24,6 +25,7 @@ pub mod resolve;
 pub mod room;
 pub mod runtime;
 pub mod selector;
+pub mod spec_writes;
 pub mod static_plan;
 pub mod transitions;
 pub mod usage;

@@ -23,6 +23,7 @@ use k8s_openapi::{
         core::v1::{Node, Pod},
         resource::v1::{DeviceClass, ResourceClaim, ResourceSlice},
     },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
     jiff::Timestamp,
 };
 use kube::{
@@ -53,6 +54,7 @@ use crate::{
     policy_status,
     resolve::{self, NodeView, PolicyView, Snapshot},
     room::{Rooms, strip_bound_pod, strip_node},
+    spec_writes::SpecWrites,
     transitions::{self, Transition, Transitions},
     usage::{self, GpuSize, Supply},
 };
@@ -297,15 +299,14 @@ impl Caches {
     }
 
     /// What resolution reads, now. `waiting` holds when each waiting GPU started to wait;
-    /// `supply` says which claims are allocated where; `written` gives the spec this
-    /// process wrote to a GpuNode (by name) while the cache showed a version, if it did:
-    /// while the cache still shows that version, the write's echo has not arrived, and
-    /// resolution starts from what was written, not from the stale cached spec.
+    /// `supply` says which claims are allocated where; `written` are the spec writes of
+    /// this process: one whose echo has not arrived is what resolution starts from, not
+    /// the stale cached spec.
     fn snapshot(
         &self,
         waiting: &BTreeMap<(String, u32), Instant>,
         supply: &Supply,
-        written: impl Fn(&str, Option<&str>) -> Option<GpuNodeSpec>,
+        written: &SpecWrites,
     ) -> Snapshot {
         let labels: BTreeMap<String, BTreeMap<String, String>> = self
             .nodes
@@ -319,7 +320,9 @@ impl Caches {
             .iter()
             .map(|g| {
                 let name = g.name_any();
-                let spec = written(&name, g.metadata.resource_version.as_deref())
+                let spec = written
+                    .pending(&name, &g.metadata)
+                    .cloned()
                     .unwrap_or_else(|| g.spec.clone());
                 let gpus = g
                     .status
@@ -367,11 +370,13 @@ pub struct Operator {
     events: Events,
     /// When each waiting GPU started to wait (lost on restart: the wait starts again).
     waiting: BTreeMap<(String, u32), Instant>,
-    /// The resourceVersion each object had in the cache when this process last wrote it:
-    /// while the cache still shows that version, the write has not come back through the
-    /// watch yet and the cached content is stale, so it is not written again.
+    /// The resourceVersion each policy had in the cache when this process last wrote its
+    /// status: while the cache still shows that version, the write has not come back
+    /// through the watch yet and the cached content is stale, so it is not written again.
     /// With it, what was written.
     written: BTreeMap<(&'static str, String), (Option<String>, serde_json::Value)>,
+    /// The GpuNode spec writes whose echo has not arrived.
+    spec_writes: SpecWrites,
     /// How long a pod must have been unschedulable to count as demand.
     dwell: Duration,
     /// Unmodelled claims whose pods were told so (each once while it waits).
@@ -398,6 +403,7 @@ impl Operator {
             metrics,
             waiting: BTreeMap::new(),
             written: BTreeMap::new(),
+            spec_writes: SpecWrites::default(),
             dwell: DEFAULT_DWELL,
             announced: BTreeSet::new(),
             told_unservable: BTreeSet::new(),
@@ -500,16 +506,18 @@ impl Operator {
         // them already saying the same.
         self.metrics.set_unmet(&demand);
         self.announce_unmodelled(&demand).await;
-        let written = &self.written;
+        let gpunode_meta: BTreeMap<String, ObjectMeta> = self
+            .caches
+            .gpunodes
+            .state()
+            .iter()
+            .map(|g| (g.name_any(), g.metadata.clone()))
+            .collect();
+        self.spec_writes
+            .forget_echoed(|name| gpunode_meta.get(name));
         let mut snapshot = self
             .caches
-            .snapshot(&self.waiting, &supply, |name, version| {
-                let (seen, content) = written.get(&("gpunode", name.to_string()))?;
-                if seen.as_deref() != version {
-                    return None;
-                }
-                serde_json::from_value(content.clone()).ok()
-            });
+            .snapshot(&self.waiting, &supply, &self.spec_writes);
         let since_change: BTreeMap<(String, u32), Duration> = self
             .changed_at
             .iter()
@@ -560,18 +568,6 @@ impl Operator {
             self.waiting.entry(k.clone()).or_insert(now);
         }
         let mut first_error = None;
-        let versions =
-            |objects: Vec<(String, Option<String>)>| -> BTreeMap<String, Option<String>> {
-                objects.into_iter().collect()
-            };
-        let gpunode_versions = versions(
-            self.caches
-                .gpunodes
-                .state()
-                .iter()
-                .map(|g| (g.name_any(), g.resource_version()))
-                .collect(),
-        );
         let gpunode_refs: BTreeMap<String, k8s_openapi::api::core::v1::ObjectReference> = self
             .caches
             .gpunodes
@@ -584,13 +580,12 @@ impl Operator {
             let Some(current) = snapshot.nodes.get(name) else {
                 continue;
             };
-            let key = ("gpunode", name.clone());
-            let seen = gpunode_versions.get(name).cloned().flatten();
-            let content = serde_json::to_value(spec).unwrap_or_default();
-            if current.spec == *spec || self.in_flight(&key, &seen, &content) {
+            // A write whose echo has not arrived is in `current` already.
+            if current.spec == *spec {
                 continue;
             }
-            to_write.push((name, spec, &current.spec, key, seen, content));
+            let seen = gpunode_meta.get(name).cloned().unwrap_or_default();
+            to_write.push((name, spec, &current.spec, seen));
         }
         // Spec writes are independent of each other: a policy edit on a thousand nodes is
         // a thousand round trips, so they go out a few at a time.
@@ -606,14 +601,14 @@ impl Operator {
         .await;
         let mut reconfigured = Vec::new();
         let mut written_nodes = BTreeSet::new();
-        for ((name, spec, before, key, seen, content), result) in results {
+        for ((name, spec, before, seen), result) in results {
             match result {
-                Ok(()) => {
+                Ok(after) => {
                     written_nodes.insert(name.clone());
                     let changes = events::spec_changes(before, spec);
                     info!(gpunode = %name, gpus = spec.gpus.len(), changes = ?changes, "GpuNode spec written");
                     self.metrics.wrote("gpunode_spec");
-                    self.written.insert(key, (seen, content));
+                    self.spec_writes.wrote(name, &seen, &after, spec.clone());
                     if let Some(g) = gpunode_refs.get(name) {
                         reconfigured.push((g.clone(), changes));
                     }
@@ -943,7 +938,8 @@ impl Operator {
             .set(i64::try_from(resolution.waiting.len()).unwrap_or(i64::MAX));
     }
 
-    async fn write_spec(&self, name: &str, spec: &GpuNodeSpec) -> Result<(), Error> {
+    /// Writes the spec; returns the object's metadata as the API server answered.
+    async fn write_spec(&self, name: &str, spec: &GpuNodeSpec) -> Result<ObjectMeta, Error> {
         let api: Api<GpuNode> = Api::all(self.client.clone());
         // An apply that owns no GPU entry any more would leave `spec` empty, and the API
         // server prunes an empty applied object to null, which the schema refuses: the
@@ -973,7 +969,7 @@ impl Operator {
             )
             .await
         };
-        result.map(|_| ()).map_err(|source| Error::Write {
+        result.map(|g| g.metadata).map_err(|source| Error::Write {
             what: "GpuNode spec",
             name: name.to_string(),
             source,
