@@ -584,8 +584,7 @@ impl Operator {
             if current.spec == *spec {
                 continue;
             }
-            let seen = gpunode_meta.get(name).cloned().unwrap_or_default();
-            to_write.push((name, spec, &current.spec, seen));
+            to_write.push((name, spec, &current.spec));
         }
         // Spec writes are independent of each other: a policy edit on a thousand nodes is
         // a thousand round trips, so they go out a few at a time.
@@ -601,14 +600,14 @@ impl Operator {
         .await;
         let mut reconfigured = Vec::new();
         let mut written_nodes = BTreeSet::new();
-        for ((name, spec, before, seen), result) in results {
+        for ((name, spec, before), result) in results {
             match result {
                 Ok(after) => {
                     written_nodes.insert(name.clone());
                     let changes = events::spec_changes(before, spec);
                     info!(gpunode = %name, gpus = spec.gpus.len(), changes = ?changes, "GpuNode spec written");
                     self.metrics.wrote("gpunode_spec");
-                    self.spec_writes.wrote(name, &seen, &after, spec.clone());
+                    self.spec_writes.wrote(name, &after, spec.clone());
                     if let Some(g) = gpunode_refs.get(name) {
                         reconfigured.push((g.clone(), changes));
                     }

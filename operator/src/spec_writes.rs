@@ -3,8 +3,15 @@
 //!
 //! A pass resolves from the watch cache. Right after a spec write the cache still shows
 //! the spec before it; a pass that started from that would read a move just written as
-//! never made and write again. So, until the write's echo is in the cache, a pass starts
-//! from what was written.
+//! never made (Superseded) and make another. So, until the write's echo is in the cache,
+//! a pass starts from what was written.
+//!
+//! The echo is known by the object's `metadata.generation`, which the API server raises
+//! on every change of the spec and on nothing else (GpuNode has a status subresource;
+//! labels, annotations and the plugin's status writes leave it): the cache holds the
+//! write once it shows the generation the write was answered with, or a later one, of
+//! the same object (uid). A `resourceVersion` cannot say that: an unrelated write that
+//! landed before ours changes it too, and versions must not be compared for order.
 
 use std::collections::BTreeMap;
 
@@ -19,25 +26,33 @@ pub struct SpecWrites {
 
 #[derive(Clone, Debug)]
 struct Written {
-    /// The object's `resourceVersion` in the cache when the pass wrote.
-    seen: Option<String>,
+    /// The object written to.
+    uid: Option<String>,
+    /// Its generation as the write left it.
+    generation: Option<i64>,
     spec: GpuNodeSpec,
 }
 
+impl Written {
+    /// Whether the cache, showing `cached`, does not hold this write yet.
+    fn pending(&self, cached: &ObjectMeta) -> bool {
+        self.uid.is_some()
+            && self.uid == cached.uid
+            && self
+                .generation
+                .is_some_and(|g| cached.generation.is_none_or(|c| c < g))
+    }
+}
+
 impl SpecWrites {
-    /// Records that `spec` was written to GpuNode `node`, which the cache showed as
-    /// `before`; the API server answered with `after`.
-    pub fn wrote(
-        &mut self,
-        node: &str,
-        before: &ObjectMeta,
-        _after: &ObjectMeta,
-        spec: GpuNodeSpec,
-    ) {
+    /// Records that `spec` was written to GpuNode `node`; the API server answered with
+    /// `after`.
+    pub fn wrote(&mut self, node: &str, after: &ObjectMeta, spec: GpuNodeSpec) {
         self.written.insert(
             node.to_string(),
             Written {
-                seen: before.resource_version.clone(),
+                uid: after.uid.clone(),
+                generation: after.generation,
                 spec,
             },
         );
@@ -47,14 +62,16 @@ impl SpecWrites {
     /// yet.
     pub fn pending(&self, node: &str, cached: &ObjectMeta) -> Option<&GpuNodeSpec> {
         let w = self.written.get(node)?;
-        (w.seen == cached.resource_version).then_some(&w.spec)
+        w.pending(cached).then_some(&w.spec)
     }
 
     /// Forgets the writes whose echo has arrived (`cached` gives each object as the
     /// cache shows it, `None` when it is gone).
     pub fn forget_echoed<'m>(&mut self, cached: impl Fn(&str) -> Option<&'m ObjectMeta>) {
         self.written
-            .retain(|node, w| cached(node).is_some_and(|m| w.seen == m.resource_version));
+            .retain(|node, w| cached(node).is_some_and(|m| w.pending(m)));
     }
 }
 
+#[cfg(test)]
+mod tests;
