@@ -8,7 +8,8 @@
 //!   GPUs publish and what claims hold; [`events`]: which decisions become events.
 //! - [`room`]: whether a waiting pod could run on a node, devices aside.
 //! - [`runtime`]: the watch caches and the loop that writes what differs
-//!   ([`spec_writes`]: the spec writes it waits to see echoed); [`app`]: the
+//!   ([`spec_writes`]: the spec writes it waits to see echoed; [`leadership`]: whether
+//!   this replica may write); [`app`]: the
 //!   wiring [`run`] starts; [`config`], [`metrics`].
 
 pub mod adaptive;
@@ -19,6 +20,7 @@ pub mod demand;
 pub mod events;
 pub mod free;
 pub mod latent;
+pub mod leadership;
 pub mod metrics;
 pub mod policy_status;
 pub mod resolve;

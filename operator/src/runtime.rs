@@ -14,7 +14,7 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     future::Future,
     sync::Arc,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use futures::{StreamExt, stream};
@@ -50,6 +50,7 @@ use crate::{
     demand::{self, Demand},
     events::{self, Events},
     latent,
+    leadership::Leadership,
     metrics::Metrics,
     policy_status,
     resolve::{self, NodeView, PolicyView, Snapshot},
@@ -97,6 +98,10 @@ pub enum Error {
     /// stops (and is restarted) rather than risk writing next to another leader.
     #[error("leader election stopped")]
     LeaseLost,
+    /// The Lease may have run out since its last renewal this replica saw (see
+    /// [`crate::leadership`]): another replica may lead, so nothing is written.
+    #[error("the Lease may have run out unrenewed; not writing")]
+    NotLeading,
     /// A watch cache stopped before it was filled.
     #[error("the {0} watch stopped before its cache was filled")]
     CacheNeverReady(&'static str),
@@ -391,6 +396,8 @@ pub struct Operator {
     transitions: Transitions,
     /// The planner's batching window.
     batch: Batch,
+    /// Whether this replica may write.
+    leadership: Leadership,
 }
 
 impl Operator {
@@ -411,6 +418,7 @@ impl Operator {
             last_changes: BTreeMap::new(),
             transitions: Transitions::default(),
             batch: Batch::new(DEFAULT_BATCH_WINDOW),
+            leadership: Leadership::always(),
         }
     }
 
@@ -429,13 +437,20 @@ impl Operator {
         self
     }
 
+    /// Writes only while `leadership` lets it (see [`crate::leadership`]); without, it
+    /// always writes.
+    #[must_use]
+    pub fn with_leadership(mut self, leadership: Leadership) -> Self {
+        self.leadership = leadership;
+        self
+    }
+
     /// Runs until `shutdown` resolves: a pass after every burst of events and every
-    /// [`RESYNC`], while `leading` says this replica is the leader. `ready` turns `Ok`
-    /// once the caches are filled.
+    /// [`RESYNC`], while this replica leads. `ready` turns `Ok` once the caches are
+    /// filled.
     pub async fn run(
         mut self,
         changed: Arc<Notify>,
-        mut leading: watch::Receiver<bool>,
         ready: watch::Sender<Result<(), String>>,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), Error> {
@@ -449,14 +464,15 @@ impl Operator {
         let mut tick = tokio::time::interval(RESYNC);
         let mut backoff = BACKOFF_START;
         loop {
-            let lead = *leading.borrow_and_update();
-            self.metrics.leader.set(i64::from(lead));
+            self.leadership.mark_seen();
+            let lead_for = self.leadership.writes_for(SystemTime::now());
+            self.metrics.leader.set(i64::from(lead_for.is_some()));
             let started = Instant::now();
             // Waiting after an event for the rest of its burst would delay every reaction
             // by the wait; pacing the starts coalesces a burst just as well.
             let mut not_before = started + DEBOUNCE;
             let mut recheck = RESYNC;
-            if lead {
+            if let Some(lead_for) = lead_for {
                 let result = self.pass().await;
                 self.metrics.observe_pass(started.elapsed(), result.is_ok());
                 match &result {
@@ -465,6 +481,11 @@ impl Operator {
                         if let Some(next) = next {
                             recheck = *next;
                         }
+                    }
+                    Err(Error::NotLeading) => {
+                        info!(
+                            "the Lease may have run out unrenewed; stopped writing until it is renewed"
+                        );
                     }
                     Err(e) => {
                         warn!(error = %tessera_kit::error_chain(e), retry_in = ?backoff, "pass failed; retrying");
@@ -475,11 +496,13 @@ impl Operator {
                         backoff = (backoff * 2).min(BACKOFF_MAX);
                     }
                 }
+                // Unrenewed, the Lease runs out without any event: the gauge says so.
+                recheck = recheck.min(lead_for);
             }
             tokio::select! {
                 () = &mut shutdown => return Ok(()),
                 () = changed.notified() => {}
-                r = leading.changed() => {
+                r = self.leadership.changed() => {
                     if r.is_err() {
                         self.metrics.leader.set(0);
                         return Err(Error::LeaseLost);
@@ -613,7 +636,9 @@ impl Operator {
                     }
                 }
                 Err(e) => {
-                    self.metrics.error("spec_write");
+                    if !matches!(e, Error::NotLeading) {
+                        self.metrics.error("spec_write");
+                    }
                     first_error.get_or_insert(e);
                 }
             }
@@ -690,7 +715,9 @@ impl Operator {
                     }
                 }
                 Err(e) => {
-                    self.metrics.error("status_write");
+                    if !matches!(e, Error::NotLeading) {
+                        self.metrics.error("status_write");
+                    }
                     first_error.get_or_insert(e);
                 }
             }
@@ -937,8 +964,18 @@ impl Operator {
             .set(i64::try_from(resolution.waiting.len()).unwrap_or(i64::MAX));
     }
 
+    /// Checked before every write: a pass takes time, and the Lease may run out during it.
+    fn may_write(&self) -> Result<(), Error> {
+        if self.leadership.leads(SystemTime::now()) {
+            Ok(())
+        } else {
+            Err(Error::NotLeading)
+        }
+    }
+
     /// Writes the spec; returns the object's metadata as the API server answered.
     async fn write_spec(&self, name: &str, spec: &GpuNodeSpec) -> Result<ObjectMeta, Error> {
+        self.may_write()?;
         let api: Api<GpuNode> = Api::all(self.client.clone());
         // An apply that owns no GPU entry any more would leave `spec` empty, and the API
         // server prunes an empty applied object to null, which the schema refuses: the
@@ -980,6 +1017,7 @@ impl Operator {
         name: &str,
         status: &tessera_api::policy::GpuSharingPolicyStatus,
     ) -> Result<(), Error> {
+        self.may_write()?;
         let api: Api<GpuSharingPolicy> = Api::all(self.client.clone());
         let patch = json!({
             "apiVersion": GpuSharingPolicy::api_version(&()),
