@@ -29,11 +29,7 @@ use k8s_openapi::{
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{Patch, PatchParams},
-    runtime::{
-        WatchStreamExt,
-        reflector::{self, Store},
-        watcher,
-    },
+    runtime::watcher,
 };
 use serde_json::json;
 use tessera_api::{
@@ -58,6 +54,7 @@ use crate::{
     spec_writes::SpecWrites,
     transitions::{self, Transition, Transitions},
     usage::{self, GpuSize, Supply},
+    watch::Cache,
 };
 
 /// How long a pod must have been unschedulable before its claims count as demand, when
@@ -110,86 +107,50 @@ pub enum Error {
 /// The watch caches.
 #[derive(Clone)]
 pub struct Caches {
-    policies: Store<GpuSharingPolicy>,
-    gpunodes: Store<GpuNode>,
+    policies: Cache<GpuSharingPolicy>,
+    gpunodes: Cache<GpuNode>,
     /// Nodes, with what the fit check reads ([`crate::room`]).
-    nodes: Store<Node>,
-    claims: Store<ResourceClaim>,
-    slices: Store<ResourceSlice>,
+    nodes: Cache<Node>,
+    claims: Cache<ResourceClaim>,
+    slices: Cache<ResourceSlice>,
     /// Pods no node is bound to: where unmet demand shows.
-    pods: Store<Pod>,
+    pods: Cache<Pod>,
     /// Pods bound to a node that have not ended, with only what the fit check reads:
     /// what the nodes have left.
-    bound: Store<Pod>,
+    bound: Cache<Pod>,
     /// DeviceClasses: the extended resource names pods may ask Tessera's by.
-    classes: Store<DeviceClass>,
+    classes: Cache<DeviceClass>,
 }
 
 impl Caches {
     /// Starts the watches; `changed` is notified on every event.
     pub fn start(client: &Client, changed: Arc<Notify>) -> Self {
-        fn spawn<K>(
-            api: Api<K>,
-            config: watcher::Config,
-            strip: fn(&mut K),
-            changed: Arc<Notify>,
-        ) -> Store<K>
-        where
-            K: Resource
-                + Clone
-                + std::fmt::Debug
-                + serde::de::DeserializeOwned
-                + Send
-                + Sync
-                + 'static,
-            K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
-        {
-            let (store, writer) = reflector::store();
-            // Managed fields are a large part of every object and the operator never reads
-            // them: the caches hold the objects without.
-            let stream = reflector::reflector(
-                writer,
-                watcher(api, config.any_semantic()).modify(move |o| {
-                    o.managed_fields_mut().clear();
-                    strip(o);
-                }),
-            )
-            .default_backoff();
-            tokio::spawn(stream.for_each(move |ev| {
-                match ev {
-                    Ok(_) => changed.notify_one(),
-                    Err(e) => warn!(error = %e, "watch failed; retrying"),
-                }
-                std::future::ready(())
-            }));
-            store
-        }
         let all = watcher::Config::default;
         fn keep<K>(_: &mut K) {}
         Self {
-            policies: spawn(Api::all(client.clone()), all(), keep, changed.clone()),
-            gpunodes: spawn(Api::all(client.clone()), all(), keep, changed.clone()),
-            nodes: spawn(Api::all(client.clone()), all(), strip_node, changed.clone()),
-            claims: spawn(Api::all(client.clone()), all(), keep, changed.clone()),
-            slices: spawn(
-                Api::all(client.clone()),
+            policies: Cache::start(client, all(), keep, changed.clone()),
+            gpunodes: Cache::start(client, all(), keep, changed.clone()),
+            nodes: Cache::start(client, all(), strip_node, changed.clone()),
+            claims: Cache::start(client, all(), keep, changed.clone()),
+            slices: Cache::start(
+                client,
                 all().fields(&format!("spec.driver={DRIVER_NAME}")),
                 keep,
                 changed.clone(),
             ),
-            pods: spawn(
-                Api::all(client.clone()),
+            pods: Cache::start(
+                client,
                 all().fields("spec.nodeName="),
                 keep,
                 changed.clone(),
             ),
-            bound: spawn(
-                Api::all(client.clone()),
+            bound: Cache::start(
+                client,
                 all().fields("spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"),
                 strip_bound_pod,
                 changed.clone(),
             ),
-            classes: spawn(Api::all(client.clone()), all(), keep, changed),
+            classes: Cache::start(client, all(), keep, changed),
         }
     }
 
@@ -232,7 +193,7 @@ impl Caches {
     /// The claims unschedulable pods wait for, now.
     fn demand(&self, dwell: Duration) -> Demand {
         let pods = self.pods.state();
-        let pods: Vec<&Pod> = pods.iter().map(AsRef::as_ref).collect();
+        let pods: Vec<&Pod> = pods.iter().collect();
         let claims = self.claims.state();
         let by_name: BTreeMap<(&str, &str), &ResourceClaim> = claims
             .iter()
@@ -242,7 +203,7 @@ impl Caches {
                         c.metadata.namespace.as_deref().unwrap_or_default(),
                         c.metadata.name.as_deref().unwrap_or_default(),
                     ),
-                    c.as_ref(),
+                    c,
                 )
             })
             .collect();
@@ -267,24 +228,20 @@ impl Caches {
         let nodes = self.nodes.state();
         let bound = self.bound.state();
         let waiting = self.pods.state();
-        Rooms::read(
-            nodes.iter().map(AsRef::as_ref),
-            bound.iter().map(AsRef::as_ref),
-            waiting.iter().map(AsRef::as_ref),
-        )
+        Rooms::read(nodes.iter(), bound.iter(), waiting.iter())
     }
 
     fn pod_ref(&self, key: &str) -> Option<k8s_openapi::api::core::v1::ObjectReference> {
         let (ns, name) = key.split_once('/')?;
-        let pod = self.pods.get(&reflector::ObjectRef::new(name).within(ns))?;
-        Some(pod.object_ref(&()))
+        let pod = self.pods.get(ns, name)?;
+        Some(pod.0.as_ref().ok()?.object_ref(&()))
     }
 
     /// What the GPUs publish and what claims hold: which GPUs are busy, and the policies'
     /// usage figures.
     fn supply(&self) -> Supply {
         let mut sizes = BTreeMap::new();
-        for gpunode in self.gpunodes.state() {
+        for gpunode in self.gpunodes.state().iter() {
             let node = gpunode.name_any();
             for g in gpunode.status.iter().flat_map(|s| &s.gpus) {
                 let compute_slices = tessera_gpu::find_model(&g.product_name)
@@ -300,7 +257,8 @@ impl Caches {
                 );
             }
         }
-        Supply::read(&self.slices.state(), &self.claims.state(), sizes)
+        let (slices, claims) = (self.slices.state(), self.claims.state());
+        Supply::read(slices.iter(), claims.iter(), sizes)
     }
 
     /// What resolution reads, now. `waiting` holds when each waiting GPU started to wait;

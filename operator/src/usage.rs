@@ -105,9 +105,9 @@ impl Supply {
     }
 
     /// Indexes the slices and claims of this driver.
-    pub fn read(
-        slices: &[std::sync::Arc<ResourceSlice>],
-        claims: &[std::sync::Arc<ResourceClaim>],
+    pub fn read<'a>(
+        slices: impl IntoIterator<Item = &'a ResourceSlice> + Clone,
+        claims: impl IntoIterator<Item = &'a ResourceClaim>,
         sizes: BTreeMap<(String, u32), GpuSize>,
     ) -> Self {
         let mut supply = Self {
@@ -116,11 +116,15 @@ impl Supply {
         };
         // Only the newest generation of each pool is what the scheduler uses.
         let mut newest: BTreeMap<&str, i64> = BTreeMap::new();
-        for s in slices.iter().filter(|s| s.spec.driver == DRIVER_NAME) {
+        for s in slices
+            .clone()
+            .into_iter()
+            .filter(|s| s.spec.driver == DRIVER_NAME)
+        {
             let g = newest.entry(s.spec.pool.name.as_str()).or_insert(i64::MIN);
             *g = (*g).max(s.spec.pool.generation);
         }
-        for s in slices.iter().filter(|s| s.spec.driver == DRIVER_NAME) {
+        for s in slices.into_iter().filter(|s| s.spec.driver == DRIVER_NAME) {
             if newest.get(s.spec.pool.name.as_str()) != Some(&s.spec.pool.generation) {
                 continue;
             }
