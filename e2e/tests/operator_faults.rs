@@ -1,14 +1,17 @@
 //! The operator on the real control plane when things around it go wrong: an object it
-//! cannot read. The GpuNode's status is written as
+//! cannot read, and a Lease it can no longer renew. The GpuNode's status is written as
 //! its plugin would write it (no plugin process: these tests are about the operator).
 
 // Tests fail loudly on the first unexpected error.
 #![allow(clippy::unwrap_used)]
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-    CustomResourceDefinition, JSONSchemaProps,
+use k8s_openapi::{
+    api::{coordination::v1::Lease, rbac::v1::Role},
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+        CustomResourceDefinition, JSONSchemaProps,
+    },
 };
 use kube::{
     Api, Client,
@@ -158,4 +161,71 @@ async fn a_policy_stored_before_its_schema_was_tightened_is_skipped_and_the_othe
     // Its watch goes on past it: the next edit of another policy applies.
     apply_x(&client, "TimeSlicing").await;
     wait_strategy(&client, &op, SharingStrategy::TimeSlicing).await;
+}
+
+/// Lease `tessera-system/tessera-operator`'s last renewal plus its duration.
+async fn lease_runs_out(client: &Client) -> Option<SystemTime> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), "tessera-system");
+    let spec = api.get("tessera-operator").await.ok()?.spec?;
+    let renewed = SystemTime::from(spec.renew_time?.0);
+    Some(renewed + Duration::from_secs(u64::try_from(spec.lease_duration_seconds?).ok()?))
+}
+
+/// Sets the verbs the operator's leader-election Role grants on Leases.
+async fn lease_verbs(client: &Client, verbs: &[&str]) {
+    let api: Api<Role> = Api::namespaced(client.clone(), "tessera-system");
+    let mut role = api.get("tessera-operator-leader-election").await.unwrap();
+    for rule in role.rules.iter_mut().flatten() {
+        rule.verbs = verbs.iter().map(ToString::to_string).collect();
+    }
+    role.metadata.managed_fields = None;
+    api.replace(
+        "tessera-operator-leader-election",
+        &PostParams::default(),
+        &role,
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_leader_whose_renewals_are_refused_stops_writing_before_its_lease_runs_out() {
+    let (cp, client) = setup().await;
+    let op = OperatorProcess::start(&cp, "op-a", true).await.unwrap();
+    eventually("op-a to lead", WAIT, || async {
+        op.leading().await.then_some(())
+    })
+    .await
+    .unwrap();
+    apply_x(&client, "MPS").await;
+    wait_strategy(&client, &op, SharingStrategy::Mps).await;
+
+    // The API server refuses its renewals from now on (RBAC: no more patch on Leases).
+    let all = ["get", "list", "watch", "create", "patch"];
+    lease_verbs(&client, &all[..4]).await;
+    let stopped = eventually("op-a to say it no longer leads", WAIT, || async {
+        (!op.leading().await).then_some(SystemTime::now())
+    })
+    .await;
+    assert!(stopped.is_ok(), "{stopped:?}\n{}", op.log_tail(30));
+    let runs_out = lease_runs_out(&client).await.unwrap();
+    assert!(
+        stopped.unwrap() < runs_out,
+        "it stopped before another replica could take the Lease"
+    );
+    // Nor does it write once the Lease has run out.
+    let writes = op.writes("gpunode_spec").await;
+    apply_x(&client, "TimeSlicing").await;
+    eventually("the Lease to run out", WAIT, || async {
+        (SystemTime::now() > runs_out + Duration::from_secs(1)).then_some(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(strategy(&client).await, Some(SharingStrategy::Mps));
+    assert_eq!(op.writes("gpunode_spec").await, writes);
+
+    // Renewals allowed again: it renews, leads and writes.
+    lease_verbs(&client, &all).await;
+    wait_strategy(&client, &op, SharingStrategy::TimeSlicing).await;
+    assert!(op.leading().await);
 }
