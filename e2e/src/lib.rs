@@ -5,6 +5,8 @@
 //! - [`controlplane`] starts them on loopback with RBAC, service-account tokens and the DRA
 //!   features of that version, and tears everything down again, also when a test panics.
 //! - [`helm`] builds Helm the same way, for the chart's install test.
+//! - [`prometheus`] builds Prometheus 3 and promtool the same way, and runs a Prometheus
+//!   that scrapes the test bed's binaries and evaluates the shipped alerts and dashboard.
 //! - [`cluster`] helpers: Nodes, ServiceAccount clients, waiting for conditions.
 //! - [`kubelet`] runs the real kubelet code for a simulated node (a hollow kubelet with
 //!   the kubelet's real DRA manager; only the container runtime is simulated), and
@@ -27,6 +29,7 @@ pub mod kubelet;
 pub mod operator;
 pub mod plugin;
 mod process;
+pub mod prometheus;
 pub mod version;
 pub mod wait;
 

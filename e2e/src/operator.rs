@@ -172,6 +172,11 @@ impl OperatorProcess {
         crate::process::status_kib(self.process.as_ref()?.id(), "VmHWM")
     }
 
+    /// The loopback port of its HTTP endpoint (a scraper's target).
+    pub fn metrics_port(&self) -> u16 {
+        self.metrics_port
+    }
+
     /// GETs a path of its HTTP endpoint: (status, body).
     pub async fn http_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
         crate::process::http_get(self.metrics_port, path).await

@@ -596,6 +596,11 @@ impl SimNode {
             .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
+    /// The loopback port of the plugin's HTTP endpoint (a scraper's target).
+    pub fn metrics_port(&self) -> u16 {
+        self.metrics_port
+    }
+
     /// GETs a path of the plugin's HTTP endpoint (`/metrics`, `/readyz`, …): (status, body).
     pub async fn http_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
         crate::process::http_get(self.metrics_port, path).await

@@ -2,6 +2,7 @@
 //!
 //! | metric | type | labels |
 //! |---|---|---|
+//! | `tessera_build_info` | gauge | `version`, `revision` (always 1; `tessera_kit::build_info`) |
 //! | `tessera_operator_passes_total` | counter | `result` (`ok`/`error`) |
 //! | `tessera_operator_pass_duration_seconds` | histogram | |
 //! | `tessera_operator_errors_total` | counter | `kind` (`spec_write`, `status_write`) |
@@ -101,7 +102,10 @@ impl Default for Metrics {
 impl Metrics {
     /// Registers every metric.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("tessera_operator");
+        // `tessera_build_info` is shared with the other binary; the rest is `tessera_operator_*`.
+        let mut root = Registry::with_prefix("tessera");
+        tessera_kit::build_info::register(&mut root);
+        let registry = root.sub_registry_with_prefix("operator");
         let passes = Family::<ResultLabel, Counter>::default();
         registry.register(
             "passes",
@@ -197,6 +201,7 @@ impl Metrics {
             adaptive_in_flight.clone(),
         );
         Self {
+            registry: root,
             adaptive_changes,
             adaptive_duration,
             adaptive_in_flight,
@@ -204,7 +209,6 @@ impl Metrics {
             unmet,
             unmet_labels: Mutex::new(Vec::new()),
             unmodelled,
-            registry,
             passes,
             pass_duration,
             errors,

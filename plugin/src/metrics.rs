@@ -2,6 +2,7 @@
 //!
 //! | metric | type | labels |
 //! |---|---|---|
+//! | `tessera_build_info` | gauge | `version`, `revision` (always 1; `tessera_kit::build_info`) |
 //! | `tessera_plugin_prepare_duration_seconds` | histogram | `result` (`ok`/`error`) |
 //! | `tessera_plugin_unprepare_duration_seconds` | histogram | `result` |
 //! | `tessera_plugin_hardware_operation_duration_seconds` | histogram | `operation` |
@@ -86,7 +87,10 @@ impl Default for Metrics {
 impl Metrics {
     /// Registers every metric under the `tessera_plugin` prefix.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("tessera_plugin");
+        // `tessera_build_info` is shared with the other binary; the rest is `tessera_plugin_*`.
+        let mut root = Registry::with_prefix("tessera");
+        tessera_kit::build_info::register(&mut root);
+        let registry = root.sub_registry_with_prefix("plugin");
         let prepare = Family::<ResultLabel, Histogram>::new_with_constructor(
             latency_histogram as fn() -> Histogram,
         );
@@ -184,7 +188,7 @@ impl Metrics {
             status_writes_skipped.clone(),
         );
         Self {
-            registry,
+            registry: root,
             prepare,
             unprepare,
             hardware,
@@ -298,5 +302,13 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("# EOF"));
+        assert!(
+            text.contains(&format!(
+                "tessera_build_info{{version=\"{}\",revision=\"{}\"}} 1",
+                tessera_kit::build_info::VERSION,
+                tessera_kit::build_info::REVISION
+            )),
+            "{text}"
+        );
     }
 }

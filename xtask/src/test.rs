@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use tessera_e2e::{K8sVersion, binaries};
+use tessera_e2e::{
+    K8sVersion, binaries,
+    prometheus::{self, PrometheusBins, PrometheusVersion},
+};
 
 use crate::{
     controlplane,
@@ -18,6 +21,27 @@ pub struct Args {
     /// every supported minor is exercised. `--also-minor none` skips them.
     #[arg(long, default_value = "36", value_delimiter = ',')]
     pub also_minor: Vec<String>,
+    /// Prometheus 3 release the monitoring tests scrape with, e.g. 3.16.0 (default: the
+    /// newest the Go module proxy serves; the newest cached one when it cannot be asked).
+    #[arg(long, env = "TESSERA_PROMETHEUS_VERSION")]
+    pub prometheus: Option<PrometheusVersion>,
+}
+
+/// Builds Prometheus and promtool unless cached; the step prints the build time.
+fn build_prometheus(version: Option<PrometheusVersion>) -> anyhow::Result<PrometheusBins> {
+    let version = match version {
+        Some(v) => v,
+        None => match prometheus::newest_release() {
+            Ok(v) => v,
+            Err(e) => {
+                let v = prometheus::newest_cached()?
+                    .ok_or_else(|| anyhow::anyhow!("cannot pick a Prometheus release: {e}"))?;
+                println!("(could not ask the Go module proxy: {e}; using the cached {v})");
+                v
+            }
+        },
+    };
+    Ok(prometheus::ensure(version, &mut |line| println!("{line}"))?)
 }
 
 pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
@@ -66,6 +90,15 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         Ok(())
     })?;
     let helm = helm.ok_or_else(|| anyhow::anyhow!("no helm"))?;
+    let mut prom = None;
+    step(
+        "prometheus and promtool (for the monitoring tests)",
+        &mut || {
+            prom = Some(build_prometheus(args.prometheus)?);
+            Ok(())
+        },
+    )?;
+    let prom = prom.ok_or_else(|| anyhow::anyhow!("no prometheus"))?;
     // The end-to-end tests start the plugin and operator binaries and install the
     // simulated driver (its library and tools) on every node: build them first so they
     // never run stale ones.
@@ -93,6 +126,7 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
             ("TESSERA_K8S_VERSION", b.version.to_string()),
             ("TESSERA_K8S_BIN_DIR", b.dir.display().to_string()),
             ("TESSERA_HELM", helm.display().to_string()),
+            ("TESSERA_PROMETHEUS_BIN_DIR", prom.dir.display().to_string()),
         ]
     };
     step(
