@@ -456,7 +456,10 @@ impl Campaign<'_> {
     async fn create_pod(&mut self, shape: &Shape) -> anyhow::Result<String> {
         self.next_pod += 1;
         let name = format!("{}-{}", shape.name, self.next_pod);
-        cluster::create_claim_pod(
+        // Held to its node: the nodes whose shape the races change (the dev node's policy,
+        // the Adaptive node) may offer it too, and the faults aimed at a shape's node must
+        // meet its pods there.
+        cluster::create_claim_pod_on(
             &self.client,
             NAMESPACE,
             &name,
@@ -465,6 +468,7 @@ impl Campaign<'_> {
                 selector: shape.selector,
                 capacity: shape.capacity.clone(),
             },
+            Some(shape.node),
         )
         .await?;
         self.live.push(name.clone());

@@ -128,15 +128,35 @@ impl Campaign<'_> {
         } else {
             Fault::PolicyEdit
         };
+        // The statuses below speak of the edit once the operator has taken it in.
+        self.policy_observed(EDITED_POLICY).await?;
         let gpunodes: Api<GpuNode> = Api::all(self.client.clone());
         eventually(
-            &format!("{EDITED_NODE} to offer {next} or say which claim holds it"),
+            &format!("{EDITED_NODE} to offer {next}, or a status to say which claims hold it"),
             SETTLE,
             || async {
                 let g = gpunodes.get(EDITED_NODE).await.ok()?;
-                let gpu = g.status?.gpus.into_iter().next()?;
-                let offers = gpu.strategy.is_some_and(|s| s.as_str() == next);
-                (offers || !gpu.prepared_claims.is_empty()).then_some(())
+                let status = g.status?;
+                let offers = status
+                    .gpus
+                    .first()
+                    .and_then(|g| g.strategy)
+                    .is_some_and(|s| s.as_str() == next);
+                let waits =
+                    |conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]| {
+                        conditions.iter().any(|c| {
+                            c.status == "True"
+                                && c.type_ == tessera_api::conditions::types::PROGRESSING
+                                && c.reason == tessera_api::conditions::reasons::WAITING_FOR_CLAIMS
+                                || c.status == "False"
+                                    && c.type_ == tessera_api::conditions::types::APPLIED
+                                    && c.reason == tessera_api::conditions::reasons::REPARTITIONING
+                        })
+                    };
+                let policy = policies.get(EDITED_POLICY).await.ok()?;
+                let held = waits(&status.conditions)
+                    || policy.status.is_some_and(|p| waits(&p.conditions));
+                (offers || held).then_some(())
             },
         )
         .await?;
@@ -258,6 +278,25 @@ impl Campaign<'_> {
             .copied()
             .context("no MIG shape")?;
         let node = shape.node;
+        // Room for the pod: one running on the node leaves first, if one does.
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let running = pods
+            .list(&kube::api::ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+            .filter_map(|p| p.metadata.name)
+            .find(|n| self.live.contains(n));
+        if let Some(old) = running {
+            self.live.retain(|p| p != &old);
+            self.delete_pod(&old).await?;
+            eventually(&format!("{old} to be gone"), SETTLE, || async {
+                matches!(pods.get_opt(&old).await, Ok(None)).then_some(())
+            })
+            .await?;
+        }
         std::fs::write(
             self.node_mut(node)?.faults_path(),
             json!({
@@ -267,7 +306,12 @@ impl Campaign<'_> {
             })
             .to_string(),
         )?;
-        let pod = self.create_pod(shape).await?;
+        let request = GpuRequest {
+            class: shape.class,
+            selector: shape.selector,
+            capacity: shape.capacity.clone(),
+        };
+        let pod = self.create_pod_on(shape.name, request, Some(node)).await?;
         let died = {
             let n = self.node_mut(node)?;
             let deadline = Instant::now() + Duration::from_secs(20);
