@@ -70,7 +70,7 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     // simulated driver (its library and tools) on every node: build them first so they
     // never run stale ones.
     step(
-        "cargo build -p tessera-plugin -p tessera-operator -p tessera-simdriver",
+        "cargo build -p tessera-plugin -p tessera-operator -p tessera-simdriver -p tessera-cdi-hook",
         &mut || {
             cargo(
                 &[
@@ -81,6 +81,8 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
                     "tessera-operator",
                     "-p",
                     "tessera-simdriver",
+                    "-p",
+                    "tessera-cdi-hook",
                     "--bins",
                     "--lib",
                 ],
