@@ -17,6 +17,8 @@ pub mod bench_adaptive;
 pub mod bench_load;
 pub mod bench_operator;
 pub mod binaries;
+pub mod cdi_compare;
+pub mod cdi_tools;
 mod certs;
 pub mod chaos;
 pub mod cluster;

@@ -66,6 +66,15 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         Ok(())
     })?;
     let helm = helm.ok_or_else(|| anyhow::anyhow!("no helm"))?;
+    let mut cdi_tools = None;
+    step(
+        "nvidia-ctk and the reference CDI library (for the CDI checks)",
+        &mut || {
+            cdi_tools = Some(controlplane::build_cdi_tools()?);
+            Ok(())
+        },
+    )?;
+    let cdi_tools = cdi_tools.ok_or_else(|| anyhow::anyhow!("no CDI tools"))?;
     // The end-to-end tests start the plugin and operator binaries and install the
     // simulated driver (its library and tools) on every node: build them first so they
     // never run stale ones.
@@ -95,6 +104,11 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
             ("TESSERA_K8S_VERSION", b.version.to_string()),
             ("TESSERA_K8S_BIN_DIR", b.dir.display().to_string()),
             ("TESSERA_HELM", helm.display().to_string()),
+            (
+                "TESSERA_NVIDIA_CTK",
+                cdi_tools.nvidia_ctk.display().to_string(),
+            ),
+            ("TESSERA_CDI_INJECT", cdi_tools.inject.display().to_string()),
         ]
     };
     step(

@@ -9,7 +9,8 @@
 //! - Links: the SONAME and `.so` links the host has next to each library (what `ldconfig`
 //!   and the installer made), recreated in the container by the hook; and
 //!   `libcuda.so -> libcuda.so.1`, which NVIDIA always adds ("many applications wrongly
-//!   assume that libcuda.so exists").
+//!   assume that libcuda.so exists"), and GBM's `gbm/nvidia-drm_gbm.so ->
+//!   ../libnvidia-allocator.so.1` where the allocator library is there.
 //! - Binaries, first found in the executable directories of the root: `nvidia-smi`,
 //!   `nvidia-debugdump`, `nvidia-persistenced`, the MPS pair, `nvidia-imex(-ctl)`.
 //! - GSP firmware: `nvidia/<version>/gsp*.bin` under `lib/firmware[/updates][/<release>]`.
@@ -210,11 +211,21 @@ pub fn discover(fs: &dyn HostFs, root: &Path, version: &str, release: &str) -> i
             }
             for lib in &libs {
                 libraries.insert(d.join(lib));
-                if stem(lib) == "libcuda" {
-                    links.insert(Link {
-                        target: "libcuda.so.1".into(),
-                        link: d.join("libcuda.so"),
-                    });
+                match stem(lib) {
+                    "libcuda" => {
+                        links.insert(Link {
+                            target: "libcuda.so.1".into(),
+                            link: d.join("libcuda.so"),
+                        });
+                    }
+                    // GBM finds the driver's backend by this name (NCT `graphics.go`).
+                    "libnvidia-allocator" => {
+                        links.insert(Link {
+                            target: "../libnvidia-allocator.so.1".into(),
+                            link: d.join("gbm/nvidia-drm_gbm.so"),
+                        });
+                    }
+                    _ => {}
                 }
             }
             for name in &entries {
