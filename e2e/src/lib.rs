@@ -29,6 +29,7 @@ pub mod kubelet;
 pub mod operator;
 pub mod plugin;
 mod process;
+pub mod runc;
 pub mod version;
 pub mod wait;
 

@@ -86,9 +86,10 @@ pub fn build_helm() -> anyhow::Result<PathBuf> {
 pub fn build_cdi_tools() -> anyhow::Result<tessera_e2e::cdi_tools::CdiTools> {
     let (tools, _) = timed(
         &format!(
-            "nvidia-ctk {} and the CDI {} helper from the Go module proxy",
+            "nvidia-ctk {}, the CDI {} helper and runc {} from the Go module proxy",
             tessera_e2e::cdi_tools::NCT_VERSION,
-            tessera_e2e::cdi_tools::CDI_VERSION
+            tessera_e2e::cdi_tools::CDI_VERSION,
+            tessera_e2e::cdi_tools::RUNC_VERSION
         ),
         || tessera_e2e::cdi_tools::CdiTools::ensure(&mut |line| println!("{line}")),
     )?;
@@ -104,9 +105,10 @@ pub async fn run(cmd: Command) -> anyhow::Result<()> {
             println!("helm in {}", helm.display());
             let tools = build_cdi_tools()?;
             println!(
-                "nvidia-ctk in {}, tessera-cdi-inject in {}",
+                "nvidia-ctk in {}, tessera-cdi-inject in {}, runc in {}",
                 tools.nvidia_ctk.display(),
-                tools.inject.display()
+                tools.inject.display(),
+                tools.runc.display()
             );
             Ok(())
         }

@@ -68,7 +68,7 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     let helm = helm.ok_or_else(|| anyhow::anyhow!("no helm"))?;
     let mut cdi_tools = None;
     step(
-        "nvidia-ctk and the reference CDI library (for the CDI checks)",
+        "nvidia-ctk, the reference CDI library and runc (for the CDI checks)",
         &mut || {
             cdi_tools = Some(controlplane::build_cdi_tools()?);
             Ok(())
@@ -79,7 +79,7 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     // simulated driver (its library and tools) on every node: build them first so they
     // never run stale ones.
     step(
-        "cargo build -p tessera-plugin -p tessera-operator -p tessera-simdriver -p tessera-cdi-hook",
+        "cargo build -p tessera-plugin -p tessera-operator -p tessera-simdriver -p tessera-cdi-hook -p tessera-probe",
         &mut || {
             cargo(
                 &[
@@ -92,6 +92,8 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
                     "tessera-simdriver",
                     "-p",
                     "tessera-cdi-hook",
+                    "-p",
+                    "tessera-probe",
                     "--bins",
                     "--lib",
                 ],
@@ -109,6 +111,7 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
                 cdi_tools.nvidia_ctk.display().to_string(),
             ),
             ("TESSERA_CDI_INJECT", cdi_tools.inject.display().to_string()),
+            ("TESSERA_RUNC", cdi_tools.runc.display().to_string()),
         ]
     };
     step(
