@@ -115,38 +115,41 @@ pub fn build(args: Args, timings: &mut Vec<(String, Duration)>) -> anyhow::Resul
         None
     };
     let from_host = builder.is_none();
-    step("cargo build --release (operator, plugin, static CDI hook)", &mut || {
-        if !from_host {
-            println!("  skipped: --from-source compiles in the builder image");
-            return Ok(());
-        }
-        crate::steps::cargo(
-            &[
-                "build",
-                "--release",
-                "--locked",
-                "-p",
-                "tessera-operator",
-                "-p",
-                "tessera-plugin",
-                "--bins",
-            ],
-            &[],
-        )?;
-        // The CDI hook runs on the host, whatever its C library: linked statically.
-        crate::steps::cargo(
-            &[
-                "build",
-                "--release",
-                "--locked",
-                "-p",
-                "tessera-cdi-hook",
-                "--target",
-                HOOK_TARGET,
-            ],
-            &[("RUSTFLAGS", "-C target-feature=+crt-static".into())],
-        )
-    })?;
+    step(
+        "cargo build --release (operator, plugin, static CDI hook)",
+        &mut || {
+            if !from_host {
+                println!("  skipped: --from-source compiles in the builder image");
+                return Ok(());
+            }
+            crate::steps::cargo(
+                &[
+                    "build",
+                    "--release",
+                    "--locked",
+                    "-p",
+                    "tessera-operator",
+                    "-p",
+                    "tessera-plugin",
+                    "--bins",
+                ],
+                &[],
+            )?;
+            // The CDI hook runs on the host, whatever its C library: linked statically.
+            crate::steps::cargo(
+                &[
+                    "build",
+                    "--release",
+                    "--locked",
+                    "-p",
+                    "tessera-cdi-hook",
+                    "--target",
+                    HOOK_TARGET,
+                ],
+                &[("RUSTFLAGS", "-C target-feature=+crt-static".into())],
+            )
+        },
+    )?;
     step(&format!("base image {BASE_IMAGE}"), &mut || ensure_base())?;
     step(&format!("buildah build {image}"), &mut || {
         let revision = git_revision(&root);
@@ -255,7 +258,10 @@ fn check_hook(container: &str) -> anyhow::Result<()> {
         .join(HOOK_TARGET)
         .join("release/tessera-cdi-hook");
     if built.exists() {
-        let ldd = Command::new("ldd").arg(&built).output().context("running ldd")?;
+        let ldd = Command::new("ldd")
+            .arg(&built)
+            .output()
+            .context("running ldd")?;
         let ldd = format!(
             "{}{}",
             String::from_utf8_lossy(&ldd.stdout),
