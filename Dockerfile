@@ -31,7 +31,7 @@ COPY . .
 # it must run whatever the host's C library.
 RUN cargo build --release --locked -p tessera-operator -p tessera-plugin --bins \
  && RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked \
-      -p tessera-cdi-hook --target "$(rustc -vV | sed -n 's/^host: //p')" \
+      -p tessera-cdi-hook --target "$(rustc --print host-tuple)" \
  && mkdir -p /out \
  && cp target/release/tessera-operator target/release/tessera-plugin \
       target/*/release/tessera-cdi-hook /out/
