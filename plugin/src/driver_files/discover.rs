@@ -23,7 +23,6 @@
 
 use std::{
     collections::BTreeSet,
-    io,
     path::{Component, Path, PathBuf},
 };
 
@@ -167,7 +166,7 @@ pub fn stem(name: &str) -> &str {
 
 /// The driver's files under `root` for driver `version`; the kernel's `release` names
 /// firmware directories.
-pub fn discover(fs: &dyn HostFs, root: &Path, version: &str, release: &str) -> io::Result<Found> {
+pub fn discover(fs: &dyn HostFs, root: &Path, version: &str, release: &str) -> Found {
     let mut found = Found::default();
     let mut dirs = BTreeSet::new();
     let mut ordered = Vec::new();
@@ -276,7 +275,7 @@ pub fn discover(fs: &dyn HostFs, root: &Path, version: &str, release: &str) -> i
         });
         found.sockets.extend(hit);
     }
-    Ok(found)
+    found
 }
 
 /// The target of `name`, when it is a link in `dir` that leads (through links in the same
@@ -352,7 +351,7 @@ mod tests {
     #[test]
     fn the_driver_version_picks_libraries_links_binaries_firmware_and_sockets() {
         let fs = debian();
-        let f = discover(&fs, Path::new("/r"), V, "6.8.0").unwrap();
+        let f = discover(&fs, Path::new("/r"), V, "6.8.0");
         let lib = Path::new("usr/lib/x86_64-linux-gnu");
         assert_eq!(f.lib_dirs, [lib.to_path_buf(), lib.join("vdpau")]);
         assert_eq!(
@@ -405,7 +404,7 @@ mod tests {
 
     #[test]
     fn another_version_finds_nothing() {
-        let f = discover(&debian(), Path::new("/r"), "590.1.1", "6.8.0").unwrap();
+        let f = discover(&debian(), Path::new("/r"), "590.1.1", "6.8.0");
         assert!(f.libraries.is_empty() && f.lib_dirs.is_empty());
     }
 

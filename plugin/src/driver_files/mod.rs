@@ -203,15 +203,12 @@ impl DriverFiles {
 
     /// Discovers the files again.
     pub fn refresh(&self) -> Arc<Found> {
-        let found = Arc::new(
-            discover(
-                self.fs.as_ref(),
-                &self.layout.driver_root,
-                &self.layout.version,
-                &self.layout.kernel_release,
-            )
-            .unwrap_or_default(),
-        );
+        let found = Arc::new(discover(
+            self.fs.as_ref(),
+            &self.layout.driver_root,
+            &self.layout.version,
+            &self.layout.kernel_release,
+        ));
         *self.found.lock().unwrap_or_else(|p| p.into_inner()) = Some(found.clone());
         found
     }
