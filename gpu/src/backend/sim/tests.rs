@@ -230,16 +230,19 @@ fn state_survives_a_process_restart() {
         ..SimConfig::default()
     };
     let before = {
-        let s = SimBackend::new(cfg("gpus: [{model: a100-40gb, migEnabled: true}]")).unwrap();
+        let s = SimBackend::new(cfg(
+            "gpus: [{model: a100-40gb, migEnabled: true}, {model: a100-40gb, migEnabled: false}]",
+        ))
+        .unwrap();
         s.create_mig_device(0, 9, 0).unwrap();
         s.create_gpu_instance(0, 15, 6).unwrap();
-        s.start_mps(0, &MpsDaemonConfig::default()).unwrap();
+        s.start_mps(1, &MpsDaemonConfig::default()).unwrap();
         (s.gpus().unwrap(), s.mig_instances(0).unwrap())
     };
     // Another inventory: the state file wins, like hardware that outlived the plugin.
     let s = SimBackend::new(cfg("gpus: [{model: l4}]")).unwrap();
     assert_eq!((s.gpus().unwrap(), s.mig_instances(0).unwrap()), before);
-    assert!(matches!(s.mps_state(0).unwrap(), MpsState::Running { .. }));
+    assert!(matches!(s.mps_state(1).unwrap(), MpsState::Running { .. }));
     // The rules still hold on the reloaded state.
     assert!(s.create_gpu_instance(0, 5, 0).is_err());
     assert!(s.destroy_gpu_instance(0, 1).is_err());
