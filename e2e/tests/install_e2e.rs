@@ -210,7 +210,8 @@ fn the_chart_and_the_kustomize_base_render_the_same_objects() {
         "ClusterRole /tessera-operator",
         "Role tessera-system/tessera-operator-leader-election",
         "Deployment tessera-system/tessera-operator",
-        "DaemonSet tessera-system/tessera-plugin",
+        "DaemonSet tessera-system/tessera-plugin-amd64",
+        "DaemonSet tessera-system/tessera-plugin-arm64",
         "Service tessera-system/tessera-operator-metrics",
         "Service tessera-system/tessera-plugin-metrics",
         "ValidatingAdmissionPolicy /tessera-plugin-node-restriction",
@@ -236,6 +237,76 @@ fn the_chart_and_the_kustomize_base_render_the_same_objects() {
             &["config/default", "config/monitoring"],
         ),
     );
+}
+
+/// The host path and the container path of a plugin DaemonSet's volume `name`.
+fn driver_file(ds: &Value, name: &str) -> (String, String) {
+    let spec = &ds["spec"]["template"]["spec"];
+    let host = spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("no volume {name}"))["hostPath"]["path"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mount = spec["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("no mount {name}"))["mountPath"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    (host, mount)
+}
+
+#[test]
+fn each_architecture_gets_a_daemonset_with_its_driver_paths() {
+    let helm = Helm::new(None);
+    let chart = chart();
+    let chart = chart.to_str().unwrap();
+    let render = |extra: &[&str]| {
+        let mut args = vec!["template", RELEASE, chart, "-n", NS];
+        args.extend_from_slice(extra);
+        objects(&helm.ok(&args))
+    };
+    let defaults = render(&[]);
+    for (arch, dir) in [
+        ("amd64", "/usr/lib/x86_64-linux-gnu"),
+        ("arm64", "/usr/lib/aarch64-linux-gnu"),
+    ] {
+        let ds = &defaults[&format!("DaemonSet {NS}/tessera-plugin-{arch}")];
+        let spec = &ds["spec"]["template"]["spec"];
+        assert_eq!(spec["nodeSelector"]["kubernetes.io/arch"], arch, "{ds}");
+        assert_eq!(spec["nodeSelector"][GPU_LABEL], "true", "{ds}");
+        // The metrics Service and the alerts select every architecture's pods by name.
+        assert_eq!(
+            ds["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"],
+            "tessera-plugin"
+        );
+        for lib in ["nvml", "libcuda"] {
+            let (host, mount) = driver_file(ds, lib);
+            assert!(host.starts_with(&format!("{dir}/")), "{arch} {lib}: {host}");
+            assert!(mount.starts_with(&format!("{dir}/")), "{arch} {lib}: {mount}");
+        }
+    }
+    // An explicit directory (RHEL-like hosts) applies to every architecture on the host
+    // side; inside the image the loader's directory stays the architecture's.
+    let rhel = render(&[
+        "--set",
+        "plugin.driver.libDir=/usr/lib64",
+        "--set",
+        "plugin.driver.root=/run/nvidia/driver",
+        "--set",
+        "plugin.architectures={arm64}",
+    ]);
+    assert!(!rhel.contains_key(&format!("DaemonSet {NS}/tessera-plugin-amd64")));
+    let (host, mount) = driver_file(&rhel[&format!("DaemonSet {NS}/tessera-plugin-arm64")], "nvml");
+    assert_eq!(host, "/run/nvidia/driver/usr/lib64/libnvidia-ml.so.1");
+    assert_eq!(mount, "/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1");
 }
 
 #[test]
@@ -355,6 +426,8 @@ fn a_bad_value_is_refused_with_a_message_naming_it() {
         ("operator.replicas=-1", "replicas"),
         ("plugin.kubeletDir=var/lib/kubelet", "kubeletDir"),
         ("plugin.nodeSelecter.gpu=true", "nodeSelecter"),
+        ("plugin.architectures={ppc64le}", "architectures"),
+        ("plugin.driver.libDir=usr/lib64", "libDir"),
     ] {
         let out = helm.run(&["template", RELEASE, chart.to_str().unwrap(), "--set", set]);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -508,11 +581,22 @@ async fn helm_install_upgrade_and_uninstall_on_real_kubelets() {
     ];
     install.extend_from_slice(&no_probes);
     let started = std::time::Instant::now();
-    helm.ok(&install);
+    let notes = helm.ok(&install);
     println!(
         "helm install --wait took {:.1}s",
         started.elapsed().as_secs_f64()
     );
+    // templates/NOTES.txt: what was installed and how to check it, with this release's
+    // namespace.
+    for want in [
+        "rollout status deployment/tessera-operator",
+        "rollout status daemonset/tessera-plugin-amd64",
+        "kubectl get gpunodes",
+        "plugin.defaultStrategy=dynamic-mig",
+        "getting-started/gpu-operator.md",
+    ] {
+        assert!(notes.contains(want), "NOTES lack {want:?}:\n{notes}");
+    }
 
     // Everything of the release exists, and the CRDs are served.
     let manifest = objects(&helm.ok(&["get", "manifest", RELEASE, "-n", NS]));
