@@ -216,7 +216,11 @@ pub fn explain(c: &Cluster) -> Why {
                 c.message.as_deref().unwrap_or("")
             )
         });
-    let supply = Supply::read(&c.slices, &c.claims, Default::default());
+    let supply = Supply::read(
+        c.slices.iter().map(AsRef::as_ref),
+        c.claims.iter().map(AsRef::as_ref),
+        Default::default(),
+    );
     let nodes = node_fits(c);
     let cannot: BTreeMap<&str, &str> = nodes
         .iter()

@@ -16,12 +16,18 @@
 //! - at most one GPU per node and [`MAX_CHANGES`] in the cluster are on their way at
 //!   once (a move is on its way until it ends, see [`crate::transitions`]); the next pass
 //!   sees what the first did.
+//! - policies are taken in name order, and a request one of them found a GPU for (one it
+//!   has, or one it moves) is not planned for again by the next: Adaptive policies that
+//!   see the same waiting claim move one GPU for it, not one each.
 //!
-//! A GPU holds the MIG partitions that fit it, each placed where the plugin would place
-//! it (the placement it publishes first, `tessera_gpu::order`, on what the GPU holds
-//! already), 100 % of MPS compute and `mps.maxClients` clients, `timeSlicing.maxClients`
-//! time-slices, or one whole-GPU claim. A claim larger than one GPU takes what fits of
-//! each GPU moved for it on the node of the first.
+//! A GPU holds what its plugin would publish under the policy (see [`holds`]): the MIG
+//! partitions `mig.allowedProfiles` lets it offer, each placed where the plugin would
+//! place it (the placement it publishes first, `tessera_gpu::order`, on what the GPU
+//! holds already), or the instances of a static `mig.layout`; 100 % of MPS compute and
+//! `mps.maxClients` clients, `timeSlicing.maxClients` time-slices, or one whole-GPU
+//! claim. A claim larger than one GPU takes what fits of each GPU moved for it on the
+//! node of the first. A claim no GPU of any Adaptive policy could ever hold moves
+//! nothing and is reported ([`Plan::unservable`]).
 //!
 //! The plugin's hand-over (see the plugin's `fence` module) is the last word: a claim
 //! allocated while the change is on its way keeps the GPU in its old shape.
@@ -32,13 +38,8 @@ use std::{
 };
 
 use tessera_api::{
-    gpunode::{GpuHealth, GpuState},
+    gpunode::{GpuConfig, GpuHealth, GpuState},
     policy::SharingStrategy,
-};
-use tessera_gpu::{
-    catalog::MigLayout,
-    geometry::{Occupancy, Placement},
-    order::choose_placement,
 };
 
 use crate::{
@@ -46,6 +47,10 @@ use crate::{
     resolve::{self, Resolution, Snapshot},
     room::{Ledger, Rooms},
 };
+
+mod holds;
+
+use holds::Holds;
 
 /// `adaptive.cooldown` when the policy sets none.
 pub const DEFAULT_COOLDOWN: Duration = Duration::from_secs(300);
@@ -69,6 +74,27 @@ pub struct Change {
     pub claims: u32,
 }
 
+/// A waiting claim no Adaptive policy can serve by moving a GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unservable {
+    /// Its pods, as `namespace/name`.
+    pub pods: BTreeSet<String>,
+    /// Why, for each shape it asks that none can offer.
+    pub why: String,
+}
+
+/// What the planner decided.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// The GPUs to move.
+    pub changes: Vec<Change>,
+    /// Waiting claims (`namespace/name`) that ask a shape of an Adaptive policy's
+    /// strategies which no GPU of any such policy would offer, whatever it held: a
+    /// profile `mig.allowedProfiles` or `mig.layout` leaves out, one the GPUs lack, more
+    /// clients than one GPU takes. No GPU is moved for them.
+    pub unservable: BTreeMap<String, Unservable>,
+}
+
 /// The changes for `demand`. `resolution` is the pass's resolution without changes;
 /// `rooms` says where the waiting pods could run; `since_change` says how long ago this
 /// operator last changed each GPU (a GPU it never changed has no entry); `in_flight` are
@@ -81,7 +107,7 @@ pub fn plan(
     rooms: &Rooms,
     since_change: &BTreeMap<(String, u32), Duration>,
     in_flight: &BTreeSet<(String, u32)>,
-) -> Vec<Change> {
+) -> Plan {
     let mut changes = Vec::new();
     let mut nodes_changing: BTreeSet<String> =
         in_flight.iter().map(|(node, _)| node.clone()).collect();
@@ -89,6 +115,13 @@ pub fn plan(
     // One ledger for the whole pass: a node's CPU goes to one claim only, whichever
     // policy or strategy plans for it first.
     let mut ledger = Ledger::new(rooms);
+    // Per (claim, strategy): some policy has a GPU that could hold it, or why each
+    // policy that tried has none.
+    let mut servable: BTreeSet<(String, SharingStrategy)> = BTreeSet::new();
+    let mut refused: BTreeMap<(String, SharingStrategy), Refused> = BTreeMap::new();
+    // (claim, request) a policy found a GPU for in this pass: Adaptive policies may
+    // overlap in the claims they see, and one claim is served once, not once by each.
+    let mut served: BTreeSet<(String, String)> = BTreeSet::new();
     for policy in &snapshot.policies {
         let Some(adaptive) = policy
             .spec
@@ -111,21 +144,7 @@ pub fn plan(
             .repartition
             .as_ref()
             .is_some_and(|r| r.allow_gpu_reset);
-        let mps_clients = policy
-            .spec
-            .mps
-            .as_ref()
-            .and_then(|m| m.max_clients)
-            .and_then(|c| u32::try_from(c).ok())
-            .unwrap_or(DEFAULT_MPS_CLIENTS);
-        let time_slices = policy
-            .spec
-            .time_slicing
-            .as_ref()
-            .and_then(|t| t.max_clients)
-            .and_then(|c| u32::try_from(c).ok())
-            .unwrap_or(DEFAULT_TIME_SLICES);
-        let mut wanted = wanted(demand, &adaptive.strategies);
+        let mut wanted = wanted(demand, &adaptive.strategies, &served);
         // The policy's GPUs: (node, index, strategy now, idle).
         let gpus: Vec<(String, u32, SharingStrategy, bool)> = outcome
             .governed
@@ -133,13 +152,7 @@ pub fn plan(
             .filter_map(|r| {
                 let (node, index) = r.rsplit_once('/')?;
                 let index: u32 = index.parse().ok()?;
-                let strategy = resolution
-                    .specs
-                    .get(node)?
-                    .gpus
-                    .iter()
-                    .find(|g| g.index == index)?
-                    .strategy;
+                let strategy = spec_entry(resolution, node, index)?.strategy;
                 let view = snapshot.nodes.get(node)?;
                 let idle = view.users.get(&index).is_none_or(BTreeSet::is_empty);
                 Some((node.to_string(), index, strategy, idle))
@@ -150,12 +163,13 @@ pub fn plan(
             let Some(claims) = wanted.get_mut(strategy) else {
                 continue;
             };
+            // What the GPU would publish in the strategy under this policy.
             let holds = |node: &str, index: u32| {
                 Holds::of(
                     *strategy,
                     gpu_state(snapshot, node, index),
-                    mps_clients,
-                    time_slices,
+                    policy,
+                    spec_entry(resolution, node, index),
                 )
             };
             // An unhealthy GPU's devices are tainted: the scheduler cannot place there.
@@ -200,19 +214,99 @@ pub fn plan(
                     claims: took,
                 });
             }
+            served.extend(claims.iter().filter(|c| c.node.is_some()).flat_map(|c| {
+                c.requests
+                    .iter()
+                    .map(|r| (c.claim.to_string(), (*r).to_string()))
+            }));
+            // A claim nothing was found for: could any GPU of the policy ever hold it?
+            for c in claims.iter().filter(|c| c.node.is_none()) {
+                let key = (c.claim.to_string(), *strategy);
+                let mut why = BTreeSet::new();
+                for (node, index, _, _) in &gpus {
+                    let h = holds(node, *index);
+                    if h.clone().take(c) > 0 {
+                        servable.insert(key.clone());
+                        break;
+                    }
+                    why.insert(h.refusal(c));
+                }
+                if gpus.is_empty() {
+                    why.insert("it governs no GPU".to_string());
+                }
+                if !servable.contains(&key) {
+                    let why: Vec<String> = why.into_iter().collect();
+                    refused
+                        .entry(key)
+                        .or_insert_with(|| Refused {
+                            pods: c.pods.clone(),
+                            shape: describe(*strategy, c),
+                            why: Vec::new(),
+                        })
+                        .why
+                        .push(format!("policy {}: {}", policy.name, why.join("; ")));
+                }
+            }
         }
     }
-    changes
+    let mut unservable: BTreeMap<String, Unservable> = BTreeMap::new();
+    for ((claim, strategy), Refused { pods, shape, why }) in refused {
+        if servable.contains(&(claim.clone(), strategy)) {
+            continue;
+        }
+        let entry = unservable.entry(claim).or_insert_with(|| Unservable {
+            pods,
+            why: String::new(),
+        });
+        if !entry.why.is_empty() {
+            entry.why.push_str("; ");
+        }
+        entry.why.push_str(&format!("{shape}: {}", why.join("; ")));
+    }
+    Plan {
+        changes,
+        unservable,
+    }
 }
 
-/// `mps.maxClients` when the policy sets none (the plugin's default).
-const DEFAULT_MPS_CLIENTS: u32 = 8;
-/// `timeSlicing.maxClients` when the policy sets none (the plugin's default).
-const DEFAULT_TIME_SLICES: u32 = 4;
+/// A claim's shape the policies that tried could not hold: its pods, the shape, and why
+/// for each policy.
+struct Refused {
+    pods: BTreeSet<String>,
+    shape: String,
+    why: Vec<String>,
+}
+
+/// The GPU's entry in the pass's resolution.
+fn spec_entry<'r>(resolution: &'r Resolution, node: &str, index: u32) -> Option<&'r GpuConfig> {
+    resolution
+        .specs
+        .get(node)?
+        .gpus
+        .iter()
+        .find(|g| g.index == index)
+}
+
+/// The shape a claim asks of `strategy`, as a person reads it.
+fn describe(strategy: SharingStrategy, c: &ClaimNeed<'_>) -> String {
+    if strategy != SharingStrategy::Mig {
+        return format!("{} ({} device(s))", strategy.as_str(), c.devices);
+    }
+    let profiles: Vec<&str> = c
+        .profiles
+        .iter()
+        .map(|p| p.unwrap_or("any profile"))
+        .collect();
+    format!("MIG {}", profiles.join(", "))
+}
 
 /// What one waiting claim needs of one strategy.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct ClaimNeed<'d> {
+    /// The claim, as `namespace/name`.
+    claim: &'d str,
+    /// The names of its requests this need stands for.
+    requests: Vec<&'d str>,
     pods: &'d BTreeSet<String>,
     /// MPS compute percent or devices (MIG partitions, whole GPUs, time-slices), still to
     /// be found.
@@ -228,128 +322,6 @@ struct ClaimNeed<'d> {
 impl ClaimNeed<'_> {
     fn placed(&self) -> bool {
         self.units == 0
-    }
-}
-
-/// What one GPU of a strategy holds.
-#[derive(Clone, Debug)]
-enum Holds {
-    /// MPS compute percent and clients, time-slices, or one whole GPU.
-    Units { units: u32, full: u32, slots: u32 },
-    /// MIG partitions, placed as the plugin would: each profile at the placement it
-    /// publishes first (`tessera_gpu::order`), on what the GPU already holds.
-    Mig {
-        layout: &'static MigLayout,
-        occupancy: Occupancy,
-        next_tag: u32,
-    },
-}
-
-impl Holds {
-    fn of(
-        strategy: SharingStrategy,
-        gpu: Option<&GpuState>,
-        mps_clients: u32,
-        time_slices: u32,
-    ) -> Self {
-        let units = |units: u32, slots: u32| Holds::Units {
-            units: units.max(1),
-            full: units.max(1),
-            slots: slots.max(1),
-        };
-        match strategy {
-            SharingStrategy::Mig => {
-                let Some(layout) = gpu
-                    .and_then(|g| tessera_gpu::find_model(&g.product_name).ok())
-                    .and_then(|m| m.mig.as_ref())
-                else {
-                    // A model without MIG (or one the catalogue lacks) holds no partition.
-                    return Holds::Units {
-                        units: 0,
-                        full: 0,
-                        slots: 0,
-                    };
-                };
-                let mut occupancy = Occupancy::new();
-                let mut next_tag = 0;
-                // What the GPU holds already (a partition another tool made) stays.
-                for i in gpu.map(|g| g.instances.as_slice()).unwrap_or_default() {
-                    let at = layout.profile_by_name(&i.profile).and_then(|p| {
-                        Some(Placement {
-                            profile_id: p.profile_id,
-                            start: u8::try_from(i.placement_start).ok()?,
-                        })
-                    });
-                    if let Some(at) = at
-                        && occupancy.place(layout, at, next_tag).is_ok()
-                    {
-                        next_tag += 1;
-                    }
-                }
-                Holds::Mig {
-                    layout,
-                    occupancy,
-                    next_tag,
-                }
-            }
-            SharingStrategy::Mps => units(100, mps_clients),
-            SharingStrategy::TimeSlicing => units(time_slices, time_slices),
-            SharingStrategy::Exclusive | SharingStrategy::Adaptive => units(1, u32::MAX),
-        }
-    }
-
-    /// Takes what it can of `c`: all of it, or, on a GPU that holds nothing yet, the part
-    /// of a claim larger than one GPU that fits. Returns the units taken.
-    fn take(&mut self, c: &ClaimNeed<'_>) -> u32 {
-        match self {
-            Holds::Units { units, full, slots } => {
-                if *units == 0 || *slots == 0 || c.devices > *slots {
-                    return 0;
-                }
-                let take = if c.units <= *units {
-                    c.units
-                } else if units == full {
-                    *units
-                } else {
-                    return 0;
-                };
-                *units -= take;
-                *slots -= c.devices.min(*slots);
-                take
-            }
-            Holds::Mig {
-                layout,
-                occupancy,
-                next_tag,
-            } => {
-                let mut trial = occupancy.clone();
-                let mut tag = *next_tag;
-                let mut placed = 0;
-                for profile in &c.profiles {
-                    let id = match profile {
-                        Some(name) => layout.profile_by_name(name).map(|p| p.profile_id),
-                        // Any partition: the scheduler takes the first published, the
-                        // smallest profile's.
-                        None => layout.profiles.first().map(|p| p.profile_id),
-                    };
-                    let Some(at) = id.and_then(|id| choose_placement(layout, &trial, id)) else {
-                        break;
-                    };
-                    if trial.place(layout, at, tag).is_err() {
-                        break;
-                    }
-                    tag += 1;
-                    placed += 1;
-                }
-                let all = usize::try_from(placed).is_ok_and(|n| n == c.profiles.len());
-                if placed == 0 || !(all || occupancy.is_empty()) {
-                    return 0;
-                }
-                *occupancy = trial;
-                *next_tag = tag;
-                placed
-            }
-        }
     }
 }
 
@@ -387,15 +359,21 @@ fn fill<'d>(
 }
 
 /// What the waiting claims ask of each of `strategies`, in the claims' name order, each
-/// request under its first alternative that one of them offers.
+/// request under its first alternative that one of them offers. Requests in `served`
+/// (claim, request), which an earlier policy of the pass found a GPU for, are left out.
 fn wanted<'d>(
     demand: &'d Demand,
     strategies: &[SharingStrategy],
+    served: &BTreeSet<(String, String)>,
 ) -> BTreeMap<SharingStrategy, Vec<ClaimNeed<'d>>> {
+    type Need<'d> = (u32, u32, Vec<Option<&'d str>>, Vec<&'d str>);
     let mut out: BTreeMap<SharingStrategy, Vec<ClaimNeed<'d>>> = BTreeMap::new();
     for c in demand.pending.values() {
-        let mut per: BTreeMap<SharingStrategy, (u32, u32, Vec<Option<&'d str>>)> = BTreeMap::new();
+        let mut per: BTreeMap<SharingStrategy, Need<'d>> = BTreeMap::new();
         for r in &c.requests {
+            if served.contains(&(c.claim.clone(), r.name.clone())) {
+                continue;
+            }
             let Some((shape, devices)) = r
                 .alternatives
                 .iter()
@@ -417,9 +395,12 @@ fn wanted<'d>(
                 Shape::Whole | Shape::TimeSlice => *devices,
             };
             e.1 += devices;
+            e.3.push(&r.name);
         }
-        for (strategy, (units, devices, profiles)) in per {
+        for (strategy, (units, devices, profiles, requests)) in per {
             out.entry(strategy).or_default().push(ClaimNeed {
+                claim: &c.claim,
+                requests,
                 pods: &c.pods,
                 units,
                 devices,

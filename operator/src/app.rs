@@ -1,6 +1,6 @@
 //! Wiring the operator together: what `tessera-operator` runs until it is told to stop.
 
-use std::{future::Future, net::SocketAddr, sync::Arc};
+use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio::sync::{Notify, watch};
@@ -8,6 +8,7 @@ use tracing::info;
 
 use crate::{
     config::Args,
+    leadership::{self, Leadership},
     metrics::Metrics,
     runtime::{self, Caches, Operator},
 };
@@ -64,13 +65,11 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
     // Every replica keeps its caches warm, so a new leader starts from a full view.
     let changed = Arc::new(Notify::new());
     let caches = Caches::start(&client, changed.clone());
-    // Without leader election this process always leads; the sender lives as long as it.
-    let (_always, always_leading) = watch::channel(true);
     let identity = args
         .leader_election_identity
         .clone()
         .unwrap_or_else(default_identity);
-    let (leading, _lease_task) = if args.leader_elect {
+    let (leadership, _lease_task) = if args.leader_elect {
         let lease_error = |source| Error::Lease {
             namespace: args.leader_election_namespace.clone(),
             name: args.leader_election_lease.clone(),
@@ -89,16 +88,33 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
             .map_err(lease_error)?;
         info!(%identity, lease = %args.leader_election_lease, namespace = %args.leader_election_namespace, "leader election on");
         let (rx, task) = manager.watch().await;
-        (rx, Some(task))
+        let lease = leadership::watch_lease(
+            &client,
+            &args.leader_election_namespace,
+            &args.leader_election_lease,
+            changed.clone(),
+        );
+        let leadership = Leadership::elected(
+            rx,
+            lease,
+            &args.leader_election_namespace,
+            &args.leader_election_lease,
+            &identity,
+            // Renewed with a third of the lease left; writes stop with a sixth left
+            // unrenewed, before any other replica may take the Lease.
+            Duration::from_secs(duration) / 6,
+        );
+        (leadership, Some(task))
     } else {
-        (always_leading, None)
+        (Leadership::always(), None)
     };
     Operator::new(client, caches, metrics, &identity)
         .with_demand_dwell(std::time::Duration::from_secs(args.demand_dwell_seconds))
         .with_batch_window(std::time::Duration::from_secs(
             args.adaptive_batch_window_seconds,
         ))
-        .run(changed, leading, ready_tx, shutdown)
+        .with_leadership(leadership)
+        .run(changed, ready_tx, shutdown)
         .await?;
     info!("stopped");
     Ok(())

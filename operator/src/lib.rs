@@ -7,7 +7,9 @@
 //!   MIG layout; [`policy_status`]: what each policy's status says; [`usage`]: what its
 //!   GPUs publish and what claims hold; [`events`]: which decisions become events.
 //! - [`room`]: whether a waiting pod could run on a node, devices aside.
-//! - [`runtime`]: the watch caches and the loop that writes what differs; [`app`]: the
+//! - [`runtime`]: the watch caches ([`watch`]) and the loop that writes what differs
+//!   ([`spec_writes`]: the spec writes it waits to see echoed; [`leadership`]: whether
+//!   this replica may write); [`app`]: the
 //!   wiring [`run`] starts; [`config`], [`metrics`].
 
 pub mod adaptive;
@@ -18,14 +20,17 @@ pub mod demand;
 pub mod events;
 pub mod free;
 pub mod latent;
+pub mod leadership;
 pub mod metrics;
 pub mod policy_status;
 pub mod resolve;
 pub mod room;
 pub mod runtime;
 pub mod selector;
+pub mod spec_writes;
 pub mod static_plan;
 pub mod transitions;
 pub mod usage;
+pub mod watch;
 
 pub use app::{Error as RunError, run};

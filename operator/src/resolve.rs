@@ -10,7 +10,9 @@
 //!    the entry it had (fail closed: no policy's word wins by accident).
 //! 3. A GPU no policy selects has no entry, and the plugin's default applies.
 //! 4. A GPU's entry changes shape only when no claim holds it (allocated or prepared);
-//!    until then the policy is `Progressing` (waiting for the claims), and past
+//!    a GPU without an entry, which runs its plugin's default, gets none while its claims
+//!    hold a strategy other than the policy's (as its plugin reports it). Until then
+//!    the policy is `Progressing` (waiting for the claims), and past
 //!    `repartition.drainTimeout` `Degraded`, naming the claims. Nothing is evicted.
 //! 5. A configuration the GPU cannot take (MIG on a GPU without MIG, a static layout that
 //!    does not fit) leaves the GPU as it was and makes the policy `Degraded`.
@@ -193,14 +195,10 @@ pub fn resolve(snapshot: &Snapshot) -> Resolution {
                         }
                         Ok(want) => {
                             let users = node.users.get(&gpu.index);
-                            match (previous, users) {
-                                // Back to the strategy the GPU still runs (a change
-                                // a claim held back) is no change under the claim.
-                                (Some(prev), Some(claims))
+                            match users {
+                                Some(claims)
                                     if !claims.is_empty()
-                                        && shape_differs(prev, &want)
-                                        && !(prev.strategy != want.strategy
-                                            && gpu.strategy == Some(want.strategy)) =>
+                                        && changes_shape(previous, gpu, &want) =>
                                 {
                                     let key = (node_name.clone(), gpu.index);
                                     let waited =
@@ -211,8 +209,9 @@ pub fn resolve(snapshot: &Snapshot) -> Resolution {
                                     out.waiting.insert(key);
                                     // Only who governs, and what the GPU may be
                                     // switched to from the strategy it keeps, may
-                                    // change while the shape waits.
-                                    Some(GpuConfig {
+                                    // change while the shape waits; a GPU without an
+                                    // entry keeps its plugin's default.
+                                    previous.map(|prev| GpuConfig {
                                         policy: want.policy.clone(),
                                         alternatives: if prev.strategy == want.strategy {
                                             want.alternatives.clone()
@@ -338,6 +337,20 @@ fn applying(gpu: &GpuState, want: &GpuConfig) -> Option<Applying> {
             mig.instances.len()
         ))
     })
+}
+
+/// Whether giving the GPU `want` changes the shape its claims hold: from its entry
+/// `previous`, a change of what it offers, unless back to the strategy the GPU still runs
+/// (a change a claim held back); without an entry (the plugin's default, which the
+/// operator does not know), a strategy other than the one its plugin reports.
+fn changes_shape(previous: Option<&GpuConfig>, gpu: &GpuState, want: &GpuConfig) -> bool {
+    match previous {
+        Some(prev) => {
+            shape_differs(prev, want)
+                && !(prev.strategy != want.strategy && gpu.strategy == Some(want.strategy))
+        }
+        None => gpu.strategy != Some(want.strategy),
+    }
 }
 
 /// Whether going from `from` to `to` changes what the GPU offers (not only who governs,
@@ -467,7 +480,9 @@ fn adaptive_strategy(
         .unwrap_or(SharingStrategy::Exclusive)
 }
 
-fn mig_config(
+/// The MIG configuration `policy` gives `gpu` (`previous`: its entry now, whose static
+/// placements are kept), or why the GPU cannot take it.
+pub(crate) fn mig_config(
     policy: &PolicyView,
     gpu: &GpuState,
     previous: Option<&GpuConfig>,

@@ -14,7 +14,7 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     future::Future,
     sync::Arc,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use futures::{StreamExt, stream};
@@ -23,16 +23,13 @@ use k8s_openapi::{
         core::v1::{Node, Pod},
         resource::v1::{DeviceClass, ResourceClaim, ResourceSlice},
     },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
     jiff::Timestamp,
 };
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{Patch, PatchParams},
-    runtime::{
-        WatchStreamExt,
-        reflector::{self, Store},
-        watcher,
-    },
+    runtime::watcher,
 };
 use serde_json::json;
 use tessera_api::{
@@ -49,12 +46,15 @@ use crate::{
     demand::{self, Demand},
     events::{self, Events},
     latent,
+    leadership::Leadership,
     metrics::Metrics,
     policy_status,
     resolve::{self, NodeView, PolicyView, Snapshot},
     room::{Rooms, strip_bound_pod, strip_node},
+    spec_writes::SpecWrites,
     transitions::{self, Transition, Transitions},
     usage::{self, GpuSize, Supply},
+    watch::Cache,
 };
 
 /// How long a pod must have been unschedulable before its claims count as demand, when
@@ -95,6 +95,10 @@ pub enum Error {
     /// stops (and is restarted) rather than risk writing next to another leader.
     #[error("leader election stopped")]
     LeaseLost,
+    /// The Lease may have run out since its last renewal this replica saw (see
+    /// [`crate::leadership`]): another replica may lead, so nothing is written.
+    #[error("the Lease may have run out unrenewed; not writing")]
+    NotLeading,
     /// A watch cache stopped before it was filled.
     #[error("the {0} watch stopped before its cache was filled")]
     CacheNeverReady(&'static str),
@@ -103,86 +107,50 @@ pub enum Error {
 /// The watch caches.
 #[derive(Clone)]
 pub struct Caches {
-    policies: Store<GpuSharingPolicy>,
-    gpunodes: Store<GpuNode>,
+    policies: Cache<GpuSharingPolicy>,
+    gpunodes: Cache<GpuNode>,
     /// Nodes, with what the fit check reads ([`crate::room`]).
-    nodes: Store<Node>,
-    claims: Store<ResourceClaim>,
-    slices: Store<ResourceSlice>,
+    nodes: Cache<Node>,
+    claims: Cache<ResourceClaim>,
+    slices: Cache<ResourceSlice>,
     /// Pods no node is bound to: where unmet demand shows.
-    pods: Store<Pod>,
+    pods: Cache<Pod>,
     /// Pods bound to a node that have not ended, with only what the fit check reads:
     /// what the nodes have left.
-    bound: Store<Pod>,
+    bound: Cache<Pod>,
     /// DeviceClasses: the extended resource names pods may ask Tessera's by.
-    classes: Store<DeviceClass>,
+    classes: Cache<DeviceClass>,
 }
 
 impl Caches {
     /// Starts the watches; `changed` is notified on every event.
     pub fn start(client: &Client, changed: Arc<Notify>) -> Self {
-        fn spawn<K>(
-            api: Api<K>,
-            config: watcher::Config,
-            strip: fn(&mut K),
-            changed: Arc<Notify>,
-        ) -> Store<K>
-        where
-            K: Resource
-                + Clone
-                + std::fmt::Debug
-                + serde::de::DeserializeOwned
-                + Send
-                + Sync
-                + 'static,
-            K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
-        {
-            let (store, writer) = reflector::store();
-            // Managed fields are a large part of every object and the operator never reads
-            // them: the caches hold the objects without.
-            let stream = reflector::reflector(
-                writer,
-                watcher(api, config.any_semantic()).modify(move |o| {
-                    o.managed_fields_mut().clear();
-                    strip(o);
-                }),
-            )
-            .default_backoff();
-            tokio::spawn(stream.for_each(move |ev| {
-                match ev {
-                    Ok(_) => changed.notify_one(),
-                    Err(e) => warn!(error = %e, "watch failed; retrying"),
-                }
-                std::future::ready(())
-            }));
-            store
-        }
         let all = watcher::Config::default;
         fn keep<K>(_: &mut K) {}
         Self {
-            policies: spawn(Api::all(client.clone()), all(), keep, changed.clone()),
-            gpunodes: spawn(Api::all(client.clone()), all(), keep, changed.clone()),
-            nodes: spawn(Api::all(client.clone()), all(), strip_node, changed.clone()),
-            claims: spawn(Api::all(client.clone()), all(), keep, changed.clone()),
-            slices: spawn(
-                Api::all(client.clone()),
+            policies: Cache::start(client, all(), keep, changed.clone()),
+            gpunodes: Cache::start(client, all(), keep, changed.clone()),
+            nodes: Cache::start(client, all(), strip_node, changed.clone()),
+            claims: Cache::start(client, all(), keep, changed.clone()),
+            slices: Cache::start(
+                client,
                 all().fields(&format!("spec.driver={DRIVER_NAME}")),
                 keep,
                 changed.clone(),
             ),
-            pods: spawn(
-                Api::all(client.clone()),
+            pods: Cache::start(
+                client,
                 all().fields("spec.nodeName="),
                 keep,
                 changed.clone(),
             ),
-            bound: spawn(
-                Api::all(client.clone()),
+            bound: Cache::start(
+                client,
                 all().fields("spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"),
                 strip_bound_pod,
                 changed.clone(),
             ),
-            classes: spawn(Api::all(client.clone()), all(), keep, changed),
+            classes: Cache::start(client, all(), keep, changed),
         }
     }
 
@@ -225,7 +193,7 @@ impl Caches {
     /// The claims unschedulable pods wait for, now.
     fn demand(&self, dwell: Duration) -> Demand {
         let pods = self.pods.state();
-        let pods: Vec<&Pod> = pods.iter().map(AsRef::as_ref).collect();
+        let pods: Vec<&Pod> = pods.iter().collect();
         let claims = self.claims.state();
         let by_name: BTreeMap<(&str, &str), &ResourceClaim> = claims
             .iter()
@@ -235,7 +203,7 @@ impl Caches {
                         c.metadata.namespace.as_deref().unwrap_or_default(),
                         c.metadata.name.as_deref().unwrap_or_default(),
                     ),
-                    c.as_ref(),
+                    c,
                 )
             })
             .collect();
@@ -260,24 +228,20 @@ impl Caches {
         let nodes = self.nodes.state();
         let bound = self.bound.state();
         let waiting = self.pods.state();
-        Rooms::read(
-            nodes.iter().map(AsRef::as_ref),
-            bound.iter().map(AsRef::as_ref),
-            waiting.iter().map(AsRef::as_ref),
-        )
+        Rooms::read(nodes.iter(), bound.iter(), waiting.iter())
     }
 
     fn pod_ref(&self, key: &str) -> Option<k8s_openapi::api::core::v1::ObjectReference> {
         let (ns, name) = key.split_once('/')?;
-        let pod = self.pods.get(&reflector::ObjectRef::new(name).within(ns))?;
-        Some(pod.object_ref(&()))
+        let pod = self.pods.get(ns, name)?;
+        Some(pod.0.as_ref().ok()?.object_ref(&()))
     }
 
     /// What the GPUs publish and what claims hold: which GPUs are busy, and the policies'
     /// usage figures.
     fn supply(&self) -> Supply {
         let mut sizes = BTreeMap::new();
-        for gpunode in self.gpunodes.state() {
+        for gpunode in self.gpunodes.state().iter() {
             let node = gpunode.name_any();
             for g in gpunode.status.iter().flat_map(|s| &s.gpus) {
                 let compute_slices = tessera_gpu::find_model(&g.product_name)
@@ -293,19 +257,19 @@ impl Caches {
                 );
             }
         }
-        Supply::read(&self.slices.state(), &self.claims.state(), sizes)
+        let (slices, claims) = (self.slices.state(), self.claims.state());
+        Supply::read(slices.iter(), claims.iter(), sizes)
     }
 
     /// What resolution reads, now. `waiting` holds when each waiting GPU started to wait;
-    /// `supply` says which claims are allocated where; `written` gives the spec this
-    /// process wrote to a GpuNode (by name) while the cache showed a version, if it did:
-    /// while the cache still shows that version, the write's echo has not arrived, and
-    /// resolution starts from what was written, not from the stale cached spec.
+    /// `supply` says which claims are allocated where; `written` are the spec writes of
+    /// this process: one whose echo has not arrived is what resolution starts from, not
+    /// the stale cached spec.
     fn snapshot(
         &self,
         waiting: &BTreeMap<(String, u32), Instant>,
         supply: &Supply,
-        written: impl Fn(&str, Option<&str>) -> Option<GpuNodeSpec>,
+        written: &SpecWrites,
     ) -> Snapshot {
         let labels: BTreeMap<String, BTreeMap<String, String>> = self
             .nodes
@@ -319,7 +283,9 @@ impl Caches {
             .iter()
             .map(|g| {
                 let name = g.name_any();
-                let spec = written(&name, g.metadata.resource_version.as_deref())
+                let spec = written
+                    .pending(&name, &g.metadata)
+                    .cloned()
                     .unwrap_or_else(|| g.spec.clone());
                 let gpus = g
                     .status
@@ -367,15 +333,19 @@ pub struct Operator {
     events: Events,
     /// When each waiting GPU started to wait (lost on restart: the wait starts again).
     waiting: BTreeMap<(String, u32), Instant>,
-    /// The resourceVersion each object had in the cache when this process last wrote it:
-    /// while the cache still shows that version, the write has not come back through the
-    /// watch yet and the cached content is stale, so it is not written again.
+    /// The resourceVersion each policy had in the cache when this process last wrote its
+    /// status: while the cache still shows that version, the write has not come back
+    /// through the watch yet and the cached content is stale, so it is not written again.
     /// With it, what was written.
     written: BTreeMap<(&'static str, String), (Option<String>, serde_json::Value)>,
+    /// The GpuNode spec writes whose echo has not arrived.
+    spec_writes: SpecWrites,
     /// How long a pod must have been unschedulable to count as demand.
     dwell: Duration,
     /// Unmodelled claims whose pods were told so (each once while it waits).
     announced: BTreeSet<String>,
+    /// Unservable claims whose pods were told so (each once while it stays so).
+    told_unservable: BTreeSet<String>,
     /// When this process last moved each GPU (`node`, index) for demand: its cooldown.
     changed_at: BTreeMap<(String, u32), Instant>,
     /// Each Adaptive policy's last moves, newest first.
@@ -384,6 +354,8 @@ pub struct Operator {
     transitions: Transitions,
     /// The planner's batching window.
     batch: Batch,
+    /// Whether this replica may write.
+    leadership: Leadership,
 }
 
 impl Operator {
@@ -396,12 +368,15 @@ impl Operator {
             metrics,
             waiting: BTreeMap::new(),
             written: BTreeMap::new(),
+            spec_writes: SpecWrites::default(),
             dwell: DEFAULT_DWELL,
             announced: BTreeSet::new(),
+            told_unservable: BTreeSet::new(),
             changed_at: BTreeMap::new(),
             last_changes: BTreeMap::new(),
             transitions: Transitions::default(),
             batch: Batch::new(DEFAULT_BATCH_WINDOW),
+            leadership: Leadership::always(),
         }
     }
 
@@ -420,13 +395,20 @@ impl Operator {
         self
     }
 
+    /// Writes only while `leadership` lets it (see [`crate::leadership`]); without, it
+    /// always writes.
+    #[must_use]
+    pub fn with_leadership(mut self, leadership: Leadership) -> Self {
+        self.leadership = leadership;
+        self
+    }
+
     /// Runs until `shutdown` resolves: a pass after every burst of events and every
-    /// [`RESYNC`], while `leading` says this replica is the leader. `ready` turns `Ok`
-    /// once the caches are filled.
+    /// [`RESYNC`], while this replica leads. `ready` turns `Ok` once the caches are
+    /// filled.
     pub async fn run(
         mut self,
         changed: Arc<Notify>,
-        mut leading: watch::Receiver<bool>,
         ready: watch::Sender<Result<(), String>>,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), Error> {
@@ -440,14 +422,15 @@ impl Operator {
         let mut tick = tokio::time::interval(RESYNC);
         let mut backoff = BACKOFF_START;
         loop {
-            let lead = *leading.borrow_and_update();
-            self.metrics.leader.set(i64::from(lead));
+            self.leadership.mark_seen();
+            let lead_for = self.leadership.writes_for(SystemTime::now());
+            self.metrics.leader.set(i64::from(lead_for.is_some()));
             let started = Instant::now();
             // Waiting after an event for the rest of its burst would delay every reaction
             // by the wait; pacing the starts coalesces a burst just as well.
             let mut not_before = started + DEBOUNCE;
             let mut recheck = RESYNC;
-            if lead {
+            if let Some(lead_for) = lead_for {
                 let result = self.pass().await;
                 self.metrics.observe_pass(started.elapsed(), result.is_ok());
                 match &result {
@@ -456,6 +439,11 @@ impl Operator {
                         if let Some(next) = next {
                             recheck = *next;
                         }
+                    }
+                    Err(Error::NotLeading) => {
+                        info!(
+                            "the Lease may have run out unrenewed; stopped writing until it is renewed"
+                        );
                     }
                     Err(e) => {
                         warn!(error = %tessera_kit::error_chain(e), retry_in = ?backoff, "pass failed; retrying");
@@ -466,11 +454,13 @@ impl Operator {
                         backoff = (backoff * 2).min(BACKOFF_MAX);
                     }
                 }
+                // Unrenewed, the Lease runs out without any event: the gauge says so.
+                recheck = recheck.min(lead_for);
             }
             tokio::select! {
                 () = &mut shutdown => return Ok(()),
                 () = changed.notified() => {}
-                r = leading.changed() => {
+                r = self.leadership.changed() => {
                     if r.is_err() {
                         self.metrics.leader.set(0);
                         return Err(Error::LeaseLost);
@@ -497,16 +487,18 @@ impl Operator {
         // them already saying the same.
         self.metrics.set_unmet(&demand);
         self.announce_unmodelled(&demand).await;
-        let written = &self.written;
+        let gpunode_meta: BTreeMap<String, ObjectMeta> = self
+            .caches
+            .gpunodes
+            .state()
+            .iter()
+            .map(|g| (g.name_any(), g.metadata.clone()))
+            .collect();
+        self.spec_writes
+            .forget_echoed(|name| gpunode_meta.get(name));
         let mut snapshot = self
             .caches
-            .snapshot(&self.waiting, &supply, |name, version| {
-                let (seen, content) = written.get(&("gpunode", name.to_string()))?;
-                if seen.as_deref() != version {
-                    return None;
-                }
-                serde_json::from_value(content.clone()).ok()
-            });
+            .snapshot(&self.waiting, &supply, &self.spec_writes);
         let since_change: BTreeMap<(String, u32), Duration> = self
             .changed_at
             .iter()
@@ -516,20 +508,9 @@ impl Operator {
         snapshot.cooling = cooling;
         let mut resolution = resolve::resolve(&snapshot);
         let now = Instant::now();
-        let ended = self.transitions.observe(
-            &snapshot,
-            &resolution.specs,
-            |k| {
-                supply
-                    .allocated
-                    .get(k)
-                    .into_iter()
-                    .flatten()
-                    .map(|a| (a.claim.clone(), a.device.clone()))
-                    .collect()
-            },
-            now,
-        );
+        let ended = self
+            .transitions
+            .observe(&snapshot, &resolution.specs, &supply.allocated, now);
         // Before the ended moves are counted: whoever sees one counted sees it gone.
         self.set_in_flight();
         let mut retake = false;
@@ -545,17 +526,18 @@ impl Operator {
         // What the plugins switched for the scheduler is no plan of ours: it is followed
         // at once, whatever the batch window.
         let mut moves = latent::switches(&snapshot, &supply);
-        moves.extend(match gate {
-            Gate::Plan => adaptive::plan(
+        if gate == Gate::Plan {
+            let plan = adaptive::plan(
                 &snapshot,
                 &resolution,
                 &demand,
                 &rooms,
                 &since_change,
                 &self.transitions.gpus(),
-            ),
-            Gate::Wait(_) => Vec::new(),
-        });
+            );
+            moves.extend(plan.changes);
+            self.announce_unservable(&plan.unservable).await;
+        }
         if !moves.is_empty() || retake {
             for m in &moves {
                 snapshot.adaptive.insert((m.node.clone(), m.gpu), m.to);
@@ -567,18 +549,6 @@ impl Operator {
             self.waiting.entry(k.clone()).or_insert(now);
         }
         let mut first_error = None;
-        let versions =
-            |objects: Vec<(String, Option<String>)>| -> BTreeMap<String, Option<String>> {
-                objects.into_iter().collect()
-            };
-        let gpunode_versions = versions(
-            self.caches
-                .gpunodes
-                .state()
-                .iter()
-                .map(|g| (g.name_any(), g.resource_version()))
-                .collect(),
-        );
         let gpunode_refs: BTreeMap<String, k8s_openapi::api::core::v1::ObjectReference> = self
             .caches
             .gpunodes
@@ -591,13 +561,11 @@ impl Operator {
             let Some(current) = snapshot.nodes.get(name) else {
                 continue;
             };
-            let key = ("gpunode", name.clone());
-            let seen = gpunode_versions.get(name).cloned().flatten();
-            let content = serde_json::to_value(spec).unwrap_or_default();
-            if current.spec == *spec || self.in_flight(&key, &seen, &content) {
+            // A write whose echo has not arrived is in `current` already.
+            if current.spec == *spec {
                 continue;
             }
-            to_write.push((name, spec, &current.spec, key, seen, content));
+            to_write.push((name, spec, &current.spec));
         }
         // Spec writes are independent of each other: a policy edit on a thousand nodes is
         // a thousand round trips, so they go out a few at a time.
@@ -613,20 +581,22 @@ impl Operator {
         .await;
         let mut reconfigured = Vec::new();
         let mut written_nodes = BTreeSet::new();
-        for ((name, spec, before, key, seen, content), result) in results {
+        for ((name, spec, before), result) in results {
             match result {
-                Ok(()) => {
+                Ok(after) => {
                     written_nodes.insert(name.clone());
                     let changes = events::spec_changes(before, spec);
                     info!(gpunode = %name, gpus = spec.gpus.len(), changes = ?changes, "GpuNode spec written");
                     self.metrics.wrote("gpunode_spec");
-                    self.written.insert(key, (seen, content));
+                    self.spec_writes.wrote(name, &after, spec.clone());
                     if let Some(g) = gpunode_refs.get(name) {
                         reconfigured.push((g.clone(), changes));
                     }
                 }
                 Err(e) => {
-                    self.metrics.error("spec_write");
+                    if !matches!(e, Error::NotLeading) {
+                        self.metrics.error("spec_write");
+                    }
                     first_error.get_or_insert(e);
                 }
             }
@@ -703,7 +673,9 @@ impl Operator {
                     }
                 }
                 Err(e) => {
-                    self.metrics.error("status_write");
+                    if !matches!(e, Error::NotLeading) {
+                        self.metrics.error("status_write");
+                    }
                     first_error.get_or_insert(e);
                 }
             }
@@ -879,6 +851,33 @@ impl Operator {
         }
     }
 
+    /// Tells the pods of each newly unservable claim why no Adaptive policy moves a GPU
+    /// for it (once while it stays so).
+    async fn announce_unservable(&mut self, unservable: &BTreeMap<String, adaptive::Unservable>) {
+        self.told_unservable.retain(|c| unservable.contains_key(c));
+        for (claim, u) in unservable {
+            if !self.told_unservable.insert(claim.clone()) {
+                continue;
+            }
+            warn!(%claim, reason = %u.why, "no Adaptive policy can serve a waiting claim");
+            let event = kube::runtime::events::Event {
+                type_: kube::runtime::events::EventType::Warning,
+                reason: "UnservableClaim".into(),
+                note: Some(format!(
+                    "claim {claim}: no Adaptive policy has a GPU that could offer what it asks, so none is moved for it: {}",
+                    u.why
+                )),
+                action: "Demand".into(),
+                secondary: None,
+            };
+            for pod in &u.pods {
+                if let Some(object) = self.caches.pod_ref(pod) {
+                    self.events.publish(&event, &object).await;
+                }
+            }
+        }
+    }
+
     /// Whether this process already wrote `content` to the object while the cache showed
     /// version `seen`, and the cache still shows it (the write's echo has not arrived).
     fn in_flight(
@@ -923,7 +922,18 @@ impl Operator {
             .set(i64::try_from(resolution.waiting.len()).unwrap_or(i64::MAX));
     }
 
-    async fn write_spec(&self, name: &str, spec: &GpuNodeSpec) -> Result<(), Error> {
+    /// Checked before every write: a pass takes time, and the Lease may run out during it.
+    fn may_write(&self) -> Result<(), Error> {
+        if self.leadership.leads(SystemTime::now()) {
+            Ok(())
+        } else {
+            Err(Error::NotLeading)
+        }
+    }
+
+    /// Writes the spec; returns the object's metadata as the API server answered.
+    async fn write_spec(&self, name: &str, spec: &GpuNodeSpec) -> Result<ObjectMeta, Error> {
+        self.may_write()?;
         let api: Api<GpuNode> = Api::all(self.client.clone());
         // An apply that owns no GPU entry any more would leave `spec` empty, and the API
         // server prunes an empty applied object to null, which the schema refuses: the
@@ -953,7 +963,7 @@ impl Operator {
             )
             .await
         };
-        result.map(|_| ()).map_err(|source| Error::Write {
+        result.map(|g| g.metadata).map_err(|source| Error::Write {
             what: "GpuNode spec",
             name: name.to_string(),
             source,
@@ -965,6 +975,7 @@ impl Operator {
         name: &str,
         status: &tessera_api::policy::GpuSharingPolicyStatus,
     ) -> Result<(), Error> {
+        self.may_write()?;
         let api: Api<GpuSharingPolicy> = Api::all(self.client.clone());
         let patch = json!({
             "apiVersion": GpuSharingPolicy::api_version(&()),

@@ -4,7 +4,9 @@
 //!
 //! Held back means the hand-over lost the race on purpose: the scheduler allocated a
 //! device of the old shape while the change was on its way, and the plugin kept the old
-//! shape for it. The operator then takes the move back (the GPU's configuration returns
+//! shape for it. Which shape an allocation came from is read from the allocation itself
+//! (its device, and for `gpu-N`, which a whole and a time-sliced GPU both publish,
+//! whether it is a share), never from the status alone, which may lag. The operator then takes the move back (the GPU's configuration returns
 //! to what it runs) and plans again with the GPUs still idle.
 
 use std::{
@@ -15,7 +17,7 @@ use std::{
 use tessera_api::{GpuNodeSpec, policy::SharingStrategy};
 use tessera_gpu::naming::{DeviceName, parse_device_name};
 
-use crate::resolve::Snapshot;
+use crate::{resolve::Snapshot, usage::Allocated};
 
 /// How long a move may take before it is given up on (the GPU keeps whatever it reaches;
 /// only the operator's bookkeeping lets go).
@@ -101,12 +103,12 @@ impl Transitions {
 
     /// The moves that ended by `now`, as `snapshot` shows the GPUs, with the specs the
     /// operator holds for them (`specs`, by node) and the allocations on each GPU
-    /// (`allocated`: claim and device name). Ended moves are no longer followed.
+    /// (`allocated`). Ended moves are no longer followed.
     pub fn observe(
         &mut self,
         snapshot: &Snapshot,
         specs: &BTreeMap<String, GpuNodeSpec>,
-        allocated: impl Fn(&GpuKey) -> Vec<(String, String)>,
+        allocated: &BTreeMap<GpuKey, Vec<Allocated>>,
         now: Instant,
     ) -> Vec<(GpuKey, Transition, Outcome)> {
         let mut ended = Vec::new();
@@ -121,13 +123,13 @@ impl Transitions {
                 .get(node)
                 .and_then(|n| n.gpus.iter().find(|g| g.index == *index))
                 .and_then(|g| g.strategy);
-            let users = allocated(key);
+            let users: &[Allocated] = allocated.get(key).map_or(&[], Vec::as_slice);
             let outcome = if !still_wanted {
                 Some(Outcome::Superseded)
-            } else if reported == Some(t.to) || users.iter().any(|(_, d)| serves(d, t.to, t.from)) {
+            } else if reported == Some(t.to) || users.iter().any(|a| serves(a, t.to, t.from)) {
                 Some(Outcome::Applied(now.saturating_duration_since(t.started)))
             } else if !users.is_empty() {
-                let mut claims: Vec<String> = users.into_iter().map(|(c, _)| c).collect();
+                let mut claims: Vec<String> = users.iter().map(|a| a.claim.clone()).collect();
                 claims.sort();
                 claims.dedup();
                 Some(Outcome::HeldBack(claims))
@@ -155,17 +157,19 @@ impl Transitions {
     }
 }
 
-/// Whether an allocation of `device` can only come from the new shape `to` (not from
-/// `from`): then the move was applied, whatever the GPU's status says yet.
-fn serves(device: &str, to: SharingStrategy, from: SharingStrategy) -> bool {
-    let Ok(name) = parse_device_name(device) else {
+/// Whether allocation `a` can only come from the new shape `to` (not from `from`): then
+/// the move was applied, whatever the GPU's status says yet. A whole GPU and a
+/// time-sliced one are published under the same name; only the time-sliced one is shared,
+/// and the scheduler marks a share of it (see [`Allocated::shared`]).
+fn serves(a: &Allocated, to: SharingStrategy, from: SharingStrategy) -> bool {
+    let Ok(name) = parse_device_name(&a.device) else {
         return false;
     };
     let of = |s: SharingStrategy| match (&name, s) {
         (DeviceName::Mig { .. }, SharingStrategy::Mig)
         | (DeviceName::Mps { .. }, SharingStrategy::Mps) => true,
-        // A whole GPU and a time-sliced one are published under the same name.
-        (DeviceName::Gpu { .. }, SharingStrategy::Exclusive | SharingStrategy::TimeSlicing) => true,
+        (DeviceName::Gpu { .. }, SharingStrategy::Exclusive) => !a.shared,
+        (DeviceName::Gpu { .. }, SharingStrategy::TimeSlicing) => a.shared,
         _ => false,
     };
     of(to) && !of(from)

@@ -56,6 +56,10 @@ pub struct Allocated {
     /// The device was allocated with binding conditions: it stood for a shape its GPU did
     /// not have (see the plugin's latent devices).
     pub latent: bool,
+    /// A share of a device many claims share (`allowMultipleAllocations`): the result has
+    /// a `shareID` or `consumedCapacity`, which the scheduler sets for such devices only.
+    /// A time-sliced GPU and a whole one have the same name; this tells them apart.
+    pub shared: bool,
 }
 
 /// A GPU's size, for the shares.
@@ -101,9 +105,9 @@ impl Supply {
     }
 
     /// Indexes the slices and claims of this driver.
-    pub fn read(
-        slices: &[std::sync::Arc<ResourceSlice>],
-        claims: &[std::sync::Arc<ResourceClaim>],
+    pub fn read<'a>(
+        slices: impl IntoIterator<Item = &'a ResourceSlice> + Clone,
+        claims: impl IntoIterator<Item = &'a ResourceClaim>,
         sizes: BTreeMap<(String, u32), GpuSize>,
     ) -> Self {
         let mut supply = Self {
@@ -112,11 +116,15 @@ impl Supply {
         };
         // Only the newest generation of each pool is what the scheduler uses.
         let mut newest: BTreeMap<&str, i64> = BTreeMap::new();
-        for s in slices.iter().filter(|s| s.spec.driver == DRIVER_NAME) {
+        for s in slices
+            .clone()
+            .into_iter()
+            .filter(|s| s.spec.driver == DRIVER_NAME)
+        {
             let g = newest.entry(s.spec.pool.name.as_str()).or_insert(i64::MIN);
             *g = (*g).max(s.spec.pool.generation);
         }
-        for s in slices.iter().filter(|s| s.spec.driver == DRIVER_NAME) {
+        for s in slices.into_iter().filter(|s| s.spec.driver == DRIVER_NAME) {
             if newest.get(s.spec.pool.name.as_str()) != Some(&s.spec.pool.generation) {
                 continue;
             }
@@ -214,6 +222,7 @@ impl Supply {
                             .filter_map(|(k, q)| Some((k.clone(), capacity_units(k, &q.0)?)))
                             .collect(),
                         latent: r.binding_conditions.as_ref().is_some_and(|b| !b.is_empty()),
+                        shared: r.share_id.is_some() || r.consumed_capacity.is_some(),
                     });
             }
         }
@@ -432,6 +441,7 @@ mod tests {
                 memory_mib: None,
                 consumed: BTreeMap::new(),
                 latent: false,
+                shared: false,
             }],
         );
         s.allocated.insert(
@@ -444,6 +454,7 @@ mod tests {
                 memory_mib: Some(8_192),
                 consumed: BTreeMap::new(),
                 latent: false,
+                shared: true,
             }],
         );
         s

@@ -101,6 +101,7 @@ fn planned(
 ) -> Vec<(String, u32, SharingStrategy, SharingStrategy)> {
     let r = resolve(s);
     plan(s, &r, d, &Rooms::default(), since, &BTreeSet::new())
+        .changes
         .into_iter()
         .map(|c| (c.node, c.gpu, c.from, c.to))
         .collect()
@@ -237,6 +238,7 @@ fn a_node_with_a_move_on_its_way_takes_no_other_and_moves_on_their_way_count_in_
     let on_its_way = BTreeSet::from([("a".to_string(), 1)]);
     let got: Vec<(String, u32)> =
         plan(&s, &r, &d, &Rooms::default(), &BTreeMap::new(), &on_its_way)
+            .changes
             .into_iter()
             .map(|c| (c.node, c.gpu))
             .collect();
@@ -244,7 +246,11 @@ fn a_node_with_a_move_on_its_way_takes_no_other_and_moves_on_their_way_count_in_
     let full: BTreeSet<(String, u32)> = (0..u32::try_from(MAX_CHANGES).unwrap())
         .map(|i| (format!("elsewhere-{i}"), 0))
         .collect();
-    assert!(plan(&s, &r, &d, &Rooms::default(), &BTreeMap::new(), &full).is_empty());
+    assert!(
+        plan(&s, &r, &d, &Rooms::default(), &BTreeMap::new(), &full)
+            .changes
+            .is_empty()
+    );
 }
 
 #[test]
@@ -301,6 +307,7 @@ fn planned_in(
 ) -> Vec<(String, u32, SharingStrategy, SharingStrategy, u32)> {
     let r = resolve(s);
     plan(s, &r, d, rooms, &BTreeMap::new(), &BTreeSet::new())
+        .changes
         .into_iter()
         .map(|c| (c.node, c.gpu, c.from, c.to, c.claims))
         .collect()
@@ -526,14 +533,17 @@ fn a_profile_the_gpu_does_not_have_moves_nothing() {
 
 #[test]
 fn a_gpu_the_catalogue_has_no_mig_layout_for_takes_no_mig_claim() {
+    let p = adaptive(MIG_MPS.to_vec(), None);
     let holds = Holds::of(
         SharingStrategy::Mig,
         Some(&gpu(0, "NVIDIA L4", false)),
-        8,
-        4,
+        &p,
+        None,
     );
     let pods = BTreeSet::new();
     let claim = ClaimNeed {
+        claim: "ns/c",
+        requests: vec!["gpu"],
         pods: &pods,
         units: 1,
         devices: 1,
@@ -541,6 +551,7 @@ fn a_gpu_the_catalogue_has_no_mig_layout_for_takes_no_mig_claim() {
         node: None,
     };
     assert_eq!(holds.clone().take(&claim), 0, "{holds:?}");
+    assert_eq!(holds.refusal(&claim), "NVIDIA L4 has no MIG");
 }
 
 #[test]
@@ -559,4 +570,190 @@ fn an_unhealthy_idle_gpu_in_the_strategy_does_not_hold_the_demand_back() {
         planned_in(&s, &wants(mps_share(), 1), &Rooms::default()),
         [("a".into(), 1, mig, mps, 1)]
     );
+}
+
+/// Three idle H100s of an Adaptive MIG/Exclusive policy with `mig`, each whole now.
+fn whole_gpus_with(mig: MigPolicy) -> Snapshot {
+    let (m, ex) = (SharingStrategy::Mig, SharingStrategy::Exclusive);
+    let mut p = adaptive(vec![m, ex], None);
+    p.spec.mig = Some(mig);
+    let mut s = three_nodes(p);
+    let mut r = resolve(&s);
+    for n in ["a", "b", "c"] {
+        r.specs.get_mut(n).unwrap().gpus[0].strategy = ex;
+        s.nodes.get_mut(n).unwrap().spec = r.specs[n].clone();
+    }
+    s
+}
+
+fn mig_claims(profile: &str, n: u32) -> Demand {
+    wants(
+        Shape::Mig {
+            profile: Some(profile.into()),
+        },
+        n,
+    )
+}
+
+#[test]
+fn a_static_layout_without_the_wanted_profile_moves_no_gpu() {
+    let (mig, ex) = (SharingStrategy::Mig, SharingStrategy::Exclusive);
+    let s = whole_gpus_with(MigPolicy {
+        mode: tessera_api::policy::MigMode::Static,
+        layout: vec![tessera_api::policy::MigLayoutEntry {
+            profile: tessera_api::policy::MigProfileName("3g.40gb".into()),
+            count: 2,
+        }],
+        ..MigPolicy::default()
+    });
+    // A GPU moved to MIG would hold two 3g.40gb and never a 1g.10gb.
+    let got = planned_in(&s, &mig_claims("1g.10gb", 1), &Rooms::default());
+    assert!(got.is_empty(), "{got:?}");
+    // The layout's own profile: two per GPU.
+    assert_eq!(
+        planned_in(&s, &mig_claims("3g.40gb", 3), &Rooms::default()),
+        [("a".into(), 0, ex, mig, 2), ("b".into(), 0, ex, mig, 1)]
+    );
+    // Once a's GPU holds its layout, a claim for another profile moves no further GPU.
+    let mut moved = s.clone();
+    let mut r = resolve(&moved);
+    r.specs.get_mut("a").unwrap().gpus[0].strategy = mig;
+    moved.nodes.get_mut("a").unwrap().spec = r.specs["a"].clone();
+    let a = moved.nodes.get_mut("a").unwrap();
+    a.gpus[0].strategy = Some(mig);
+    a.gpus[0].instances = [0, 4]
+        .into_iter()
+        .map(|start| tessera_api::gpunode::MigInstanceState {
+            profile: "3g.40gb".into(),
+            placement_start: start,
+            placement_size: 4,
+            uuid: format!("MIG-{start}"),
+            gpu_instance_id: start,
+            compute_instance_id: 0,
+            claim: None,
+            static_layout: true,
+            origin: tessera_api::gpunode::InstanceOrigin::default(),
+        })
+        .collect();
+    let got = planned_in(&moved, &mig_claims("1g.10gb", 1), &Rooms::default());
+    assert!(got.is_empty(), "{got:?}");
+}
+
+#[test]
+fn mig_allowed_profiles_limit_what_a_moved_gpu_serves() {
+    let (mig, ex) = (SharingStrategy::Mig, SharingStrategy::Exclusive);
+    let s = whole_gpus_with(MigPolicy {
+        allowed_profiles: vec![tessera_api::policy::MigProfileName("3g.40gb".into())],
+        ..MigPolicy::default()
+    });
+    let got = planned_in(&s, &mig_claims("1g.10gb", 1), &Rooms::default());
+    assert!(got.is_empty(), "{got:?}");
+    assert_eq!(
+        planned_in(&s, &mig_claims("3g.40gb", 1), &Rooms::default()),
+        [("a".into(), 0, ex, mig, 1)]
+    );
+    // A claim for any partition gets the smallest allowed one: two per GPU.
+    assert_eq!(
+        planned_in(
+            &s,
+            &wants(Shape::Mig { profile: None }, 3),
+            &Rooms::default()
+        ),
+        [("a".into(), 0, ex, mig, 2), ("b".into(), 0, ex, mig, 1)]
+    );
+}
+
+#[test]
+fn a_claim_no_gpu_of_the_policy_could_hold_is_reported_and_a_busy_one_is_not() {
+    let s = whole_gpus_with(MigPolicy {
+        mode: tessera_api::policy::MigMode::Static,
+        layout: vec![tessera_api::policy::MigLayoutEntry {
+            profile: tessera_api::policy::MigProfileName("3g.40gb".into()),
+            count: 2,
+        }],
+        ..MigPolicy::default()
+    });
+    let r = resolve(&s);
+    let plan_for = |s: &Snapshot, d: &Demand| {
+        plan(
+            s,
+            &r,
+            d,
+            &Rooms::default(),
+            &BTreeMap::new(),
+            &BTreeSet::new(),
+        )
+    };
+    let got = plan_for(&s, &mig_claims("1g.10gb", 1));
+    assert!(got.changes.is_empty(), "{got:?}");
+    let u = &got.unservable["ns/c0"];
+    assert_eq!(u.pods, BTreeSet::from(["ns/p0".to_string()]));
+    assert_eq!(
+        u.why,
+        "MIG 1g.10gb: policy ad: its mig.layout holds no 1g.10gb"
+    );
+    // A profile the layout has, with every GPU busy: it waits, and is not unservable.
+    let mut busy = s.clone();
+    for n in ["a", "b", "c"] {
+        busy.nodes.get_mut(n).unwrap().users = node(Vec::new(), &[0]).users;
+    }
+    let got = plan_for(&busy, &mig_claims("3g.40gb", 1));
+    assert!(
+        got.changes.is_empty() && got.unservable.is_empty(),
+        "{got:?}"
+    );
+}
+
+#[test]
+fn one_waiting_claim_moves_one_gpu_whichever_adaptive_policies_cover_it() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    let (mig, mps) = (SharingStrategy::Mig, SharingStrategy::Mps);
+    let on = |name: &str, pool: &str| {
+        let mut p = adaptive(MIG_MPS.to_vec(), None);
+        p.name = name.into();
+        p.spec.node_selector = Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([("pool".to_string(), pool.to_string())])),
+            match_expressions: None,
+        });
+        p
+    };
+    let labelled = |pool: &str| NodeView {
+        labels: Some(BTreeMap::from([("pool".to_string(), pool.to_string())])),
+        ..node(vec![gpu(0, H100, true)], &[])
+    };
+    let s = Snapshot {
+        policies: vec![on("ad", "a"), on("bd", "b")],
+        nodes: BTreeMap::from([
+            ("a".to_string(), labelled("a")),
+            ("b".to_string(), labelled("b")),
+        ]),
+        ..Snapshot::default()
+    };
+    let r = resolve(&s);
+    let moves = plan(
+        &s,
+        &r,
+        &wants(mps_share(), 1),
+        &Rooms::default(),
+        &BTreeMap::new(),
+        &BTreeSet::new(),
+    )
+    .changes;
+    let got: Vec<(String, u32, String, SharingStrategy, SharingStrategy)> = moves
+        .into_iter()
+        .map(|c| (c.node, c.gpu, c.policy, c.from, c.to))
+        .collect();
+    assert_eq!(got, [("a".into(), 0, "ad".into(), mig, mps)]);
+    // Five shares need two GPUs: the second policy moves one for what the first left.
+    let moves = plan(
+        &s,
+        &r,
+        &wants(mps_share(), 5),
+        &Rooms::default(),
+        &BTreeMap::new(),
+        &BTreeSet::new(),
+    )
+    .changes;
+    let got: Vec<(String, u32)> = moves.iter().map(|c| (c.node.clone(), c.claims)).collect();
+    assert_eq!(got, [("a".into(), 4), ("b".into(), 1)]);
 }

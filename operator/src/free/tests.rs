@@ -68,6 +68,7 @@ fn hold(s: &mut Supply, node: &str, device: &str, consumed: &[(&str, u64)]) {
             device: device.into(),
             compute_percent: None,
             memory_mib: None,
+            shared: !consumed.is_empty(),
             consumed: consumed.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             latent: false,
         });

@@ -84,6 +84,7 @@ fn allocated(latent: &[bool]) -> Supply {
                 memory_mib: None,
                 consumed: BTreeMap::new(),
                 latent: *latent,
+                shared: false,
             })
             .collect(),
     );

@@ -278,6 +278,47 @@ fn a_shape_change_waits_while_claims_are_allocated_and_applies_once_they_end() {
 }
 
 #[test]
+fn a_new_policy_waits_for_the_claims_on_a_gpu_its_plugin_runs_in_another_shape() {
+    // No entry yet: the plugin serves its default (dynamic MIG on an H100), and a claim
+    // holds a partition.
+    let mut g = gpu(0, H100);
+    g.strategy = Some(SharingStrategy::Mig);
+    let mut n = node(&[], vec![g]);
+    n.users.insert(0, BTreeSet::from(["ns/claim".to_string()]));
+    let mut s = snapshot(vec![policy("new", 0, SharingStrategy::Mps)], vec![("a", n)]);
+    let r = resolve(&s);
+    assert_eq!(
+        r.policies["new"].waiting.get("a/0").map(|w| &w.0),
+        Some(&BTreeSet::from(["ns/claim".to_string()])),
+        "{:?}",
+        r.policies["new"]
+    );
+    assert!(r.waiting.contains(&("a".to_string(), 0)));
+    assert!(
+        r.specs["a"].gpus.is_empty(),
+        "no entry changes the GPU's shape under its claim: {:?}",
+        r.specs["a"]
+    );
+    // The shape it runs already: nothing to wait for.
+    s.policies = vec![policy("new", 0, SharingStrategy::Mig)];
+    let r = resolve(&s);
+    assert!(r.waiting.is_empty());
+    assert_eq!(
+        strategies(&r, "a"),
+        [(0, SharingStrategy::Mig, Some("new".into()))]
+    );
+    // Once the claim ends, the new shape is written.
+    s.policies = vec![policy("new", 0, SharingStrategy::Mps)];
+    s.nodes.get_mut("a").unwrap().users.clear();
+    let r = resolve(&s);
+    assert!(r.waiting.is_empty());
+    assert_eq!(
+        strategies(&r, "a"),
+        [(0, SharingStrategy::Mps, Some("new".into()))]
+    );
+}
+
+#[test]
 fn a_static_layout_is_planned_and_keeps_instances_that_hold_claims() {
     let mut p = policy("static", 0, SharingStrategy::Mig);
     p.spec.mig = Some(MigPolicy {

@@ -3,7 +3,7 @@ use std::collections::BTreeSet;
 use tessera_api::gpunode::{GpuConfig, GpuState};
 
 use super::*;
-use crate::resolve::NodeView;
+use crate::{resolve::NodeView, usage::Allocated};
 
 fn spec(strategy: SharingStrategy) -> BTreeMap<String, GpuNodeSpec> {
     BTreeMap::from([(
@@ -56,8 +56,28 @@ fn moving(t0: Instant) -> Transitions {
     t
 }
 
-fn none(_: &GpuKey) -> Vec<(String, String)> {
-    Vec::new()
+fn none() -> BTreeMap<GpuKey, Vec<Allocated>> {
+    BTreeMap::new()
+}
+
+/// Claims allocated on GPU 0 of node `n`: (claim, device, a share of a shared device).
+fn on_gpu(claims: &[(&str, &str, bool)]) -> BTreeMap<GpuKey, Vec<Allocated>> {
+    BTreeMap::from([(
+        ("n".to_string(), 0),
+        claims
+            .iter()
+            .map(|(claim, device, shared)| Allocated {
+                claim: (*claim).into(),
+                pool: "n".into(),
+                device: (*device).into(),
+                compute_percent: None,
+                memory_mib: None,
+                consumed: BTreeMap::new(),
+                latent: false,
+                shared: *shared,
+            })
+            .collect(),
+    )])
 }
 
 #[test]
@@ -67,11 +87,21 @@ fn a_move_is_applied_when_the_plugin_reports_the_new_strategy_and_not_before() {
     let specs = spec(SharingStrategy::Mps);
     let later = t0 + Duration::from_millis(1500);
     assert!(
-        t.observe(&snapshot(Some(SharingStrategy::Mig)), &specs, none, later)
-            .is_empty()
+        t.observe(
+            &snapshot(Some(SharingStrategy::Mig)),
+            &specs,
+            &none(),
+            later
+        )
+        .is_empty()
     );
     assert_eq!(t.len(), 1);
-    let ended = t.observe(&snapshot(Some(SharingStrategy::Mps)), &specs, none, later);
+    let ended = t.observe(
+        &snapshot(Some(SharingStrategy::Mps)),
+        &specs,
+        &none(),
+        later,
+    );
     assert_eq!(ended.len(), 1);
     assert_eq!(ended[0].2, Outcome::Applied(Duration::from_millis(1500)));
     assert!(t.is_empty(), "an ended move is no longer followed");
@@ -84,7 +114,7 @@ fn a_claim_on_the_new_shape_means_applied_even_before_the_status_says_so() {
     let ended = t.observe(
         &snapshot(Some(SharingStrategy::Mig)),
         &spec(SharingStrategy::Mps),
-        |_| vec![("ns/share".into(), "gpu-0-mps".into())],
+        &on_gpu(&[("ns/share", "gpu-0-mps", true)]),
         t0,
     );
     assert_eq!(ended[0].2.label(), "applied");
@@ -97,13 +127,11 @@ fn a_claim_on_the_old_shape_holds_the_move_back_and_names_the_claims() {
     let ended = t.observe(
         &snapshot(Some(SharingStrategy::Mig)),
         &spec(SharingStrategy::Mps),
-        |_| {
-            vec![
-                ("ns/b".into(), "gpu-0-mig-1g10gb-3".into()),
-                ("ns/a".into(), "gpu-0-mig-1g10gb-0".into()),
-                ("ns/a".into(), "gpu-0-mig-1g10gb-1".into()),
-            ]
-        },
+        &on_gpu(&[
+            ("ns/b", "gpu-0-mig-1g10gb-3", false),
+            ("ns/a", "gpu-0-mig-1g10gb-0", false),
+            ("ns/a", "gpu-0-mig-1g10gb-1", false),
+        ]),
         t0,
     );
     assert_eq!(
@@ -112,27 +140,47 @@ fn a_claim_on_the_old_shape_holds_the_move_back_and_names_the_claims() {
     );
 }
 
-#[test]
-fn between_whole_and_time_sliced_only_the_status_tells_a_held_back_move() {
-    let t0 = Instant::now();
+/// A move of GPU 0 of `n` between a whole and a time-sliced GPU, which both publish
+/// `gpu-0`.
+fn whole_and_sliced(from: SharingStrategy, to: SharingStrategy, t0: Instant) -> Transitions {
     let mut t = Transitions::default();
     t.start(
         ("n".into(), 0),
         Transition {
             policy: "ad".into(),
-            from: SharingStrategy::Exclusive,
-            to: SharingStrategy::TimeSlicing,
+            from,
+            to,
             started: t0,
         },
     );
-    let claim = |_: &GpuKey| vec![("ns/c".to_string(), "gpu-0".to_string())];
-    let ended = t.observe(
-        &snapshot(Some(SharingStrategy::Exclusive)),
-        &spec(SharingStrategy::TimeSlicing),
-        claim,
-        t0,
+    t
+}
+
+#[test]
+fn between_whole_and_time_sliced_the_allocation_tells_which_shape_it_came_from() {
+    let (ex, ts) = (SharingStrategy::Exclusive, SharingStrategy::TimeSlicing);
+    let t0 = Instant::now();
+    let observe = |from, to, shared| {
+        whole_and_sliced(from, to, t0).observe(
+            &snapshot(Some(from)),
+            &spec(to),
+            &on_gpu(&[("ns/c", "gpu-0", shared)]),
+            t0,
+        )[0]
+        .2
+        .clone()
+    };
+    // The status still says whole; a share of the time-sliced gpu-0 is the new shape.
+    assert_eq!(observe(ex, ts, true), Outcome::Applied(Duration::ZERO));
+    assert_eq!(
+        observe(ex, ts, false),
+        Outcome::HeldBack(vec!["ns/c".into()])
     );
-    assert_eq!(ended[0].2.label(), "held_back");
+    assert_eq!(observe(ts, ex, false), Outcome::Applied(Duration::ZERO));
+    assert_eq!(
+        observe(ts, ex, true),
+        Outcome::HeldBack(vec!["ns/c".into()])
+    );
 }
 
 #[test]
@@ -142,12 +190,12 @@ fn a_move_the_spec_no_longer_asks_for_is_superseded() {
     let ended = t.observe(
         &snapshot(Some(SharingStrategy::Mig)),
         &spec(SharingStrategy::Mig),
-        none,
+        &none(),
         t0,
     );
     assert_eq!(ended[0].2, Outcome::Superseded);
     let mut t = moving(t0);
-    let ended = t.observe(&Snapshot::default(), &BTreeMap::new(), none, t0);
+    let ended = t.observe(&Snapshot::default(), &BTreeMap::new(), &none(), t0);
     assert_eq!(ended[0].2, Outcome::Superseded, "the GPU is gone");
 }
 
@@ -159,9 +207,9 @@ fn a_move_that_never_lands_times_out() {
     let stuck = snapshot(Some(SharingStrategy::Mig));
     assert_eq!(t.next_timeout(t0), Some(TIMEOUT));
     let just_before = t0 + TIMEOUT - Duration::from_secs(1);
-    assert!(t.observe(&stuck, &specs, none, just_before).is_empty());
+    assert!(t.observe(&stuck, &specs, &none(), just_before).is_empty());
     assert_eq!(t.next_timeout(just_before), Some(Duration::from_secs(1)));
-    let ended = t.observe(&stuck, &specs, none, t0 + TIMEOUT);
+    let ended = t.observe(&stuck, &specs, &none(), t0 + TIMEOUT);
     assert_eq!(ended[0].2, Outcome::TimedOut);
     assert_eq!(t.next_timeout(t0), None);
 }
