@@ -8,8 +8,11 @@
 #   cargo build --release --locked -p tessera-operator -p tessera-plugin --bins
 #   docker build --build-arg BINARIES=prebuilt -t tessera:dev .      # takes target/release/
 #
-# `cargo xtask image` builds this file with buildah (no registry needed: it makes the base
-# image locally) and runs each binary's --version inside the result.
+# The release workflow (.github/workflows/release.yml) builds each architecture's image
+# this way on a runner of that architecture and publishes them under one multi-arch tag.
+#
+# `cargo xtask image [--arch arm64]` builds this file with buildah (no registry needed: it
+# makes the base image locally) and runs each binary's --version inside the result.
 
 # The Rust toolchain of rust-toolchain.toml, on the Debian release of the runtime base (the
 # binaries link the glibc they are built against, so the runtime's must be as new).
@@ -30,7 +33,10 @@ RUN cargo build --release --locked -p tessera-operator -p tessera-plugin --bins 
  && cp target/release/tessera-operator target/release/tessera-plugin /out/
 
 FROM scratch AS build-prebuilt
-COPY target/release/tessera-operator target/release/tessera-plugin /out/
+# Where the binaries are in the build context: a cross build's are under
+# target/<rust target>/release (`cargo xtask image --arch arm64` on an amd64 machine).
+ARG PREBUILT_DIR=target/release
+COPY ${PREBUILT_DIR}/tessera-operator ${PREBUILT_DIR}/tessera-plugin /out/
 
 # A stage of this file picked by BINARIES, not an image that could carry a tag.
 # hadolint ignore=DL3006

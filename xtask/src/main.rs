@@ -46,8 +46,8 @@ enum Command {
     /// Run the fault campaign: a workload under injected faults, invariants checked after
     /// each, and a report with recovery times.
     Chaos(chaos::Args),
-    /// Lint the Dockerfile, build the image with buildah (base made locally) and run each
-    /// binary's --version inside it.
+    /// Lint the Dockerfile, build the image with buildah (base made locally; another
+    /// architecture's binaries cross-compiled) and run each binary's --version inside it.
     Image(image::Args),
     /// Build, start, inspect or stop the local Kubernetes control plane.
     #[command(subcommand)]
