@@ -6,7 +6,11 @@
 #
 #   docker build -t tessera:dev .                                    # compiles in a Rust image
 #   cargo build --release --locked -p tessera-operator -p tessera-plugin --bins
+#   RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked \
+#     -p tessera-cdi-hook --target x86_64-unknown-linux-gnu
 #   docker build --build-arg BINARIES=prebuilt -t tessera:dev .      # takes target/release/
+#   (on arm64: --target aarch64-unknown-linux-gnu and
+#    --build-arg HOOK_DIR=target/aarch64-unknown-linux-gnu/release)
 #
 # The release workflow (.github/workflows/release.yml) builds each architecture's image
 # this way on a runner of that architecture and publishes them under one multi-arch tag.
@@ -28,15 +32,23 @@ ARG BINARIES=source
 FROM ${RUST_IMAGE} AS build-source
 WORKDIR /src
 COPY . .
+# The CDI hook runs on the host (the plugin copies it there), so it is linked statically:
+# it must run whatever the host's C library.
 RUN cargo build --release --locked -p tessera-operator -p tessera-plugin --bins \
+ && RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked \
+      -p tessera-cdi-hook --target "$(rustc --print host-tuple)" \
  && mkdir -p /out \
- && cp target/release/tessera-operator target/release/tessera-plugin /out/
+ && cp target/release/tessera-operator target/release/tessera-plugin \
+      target/*/release/tessera-cdi-hook /out/
 
 FROM scratch AS build-prebuilt
 # Where the binaries are in the build context: a cross build's are under
-# target/<rust target>/release (`cargo xtask image --arch arm64` on an amd64 machine).
+# target/<rust target>/release (`cargo xtask image --arch arm64` on an amd64 machine); the
+# static CDI hook is always built for an explicit target (HOOK_DIR).
 ARG PREBUILT_DIR=target/release
-COPY ${PREBUILT_DIR}/tessera-operator ${PREBUILT_DIR}/tessera-plugin /out/
+ARG HOOK_DIR=target/x86_64-unknown-linux-gnu/release
+COPY ${PREBUILT_DIR}/tessera-operator ${PREBUILT_DIR}/tessera-plugin \
+     ${HOOK_DIR}/tessera-cdi-hook /out/
 
 # A stage of this file picked by BINARIES, not an image that could carry a tag.
 # hadolint ignore=DL3006
@@ -55,7 +67,7 @@ LABEL org.opencontainers.image.title="tessera" \
       org.opencontainers.image.source="https://github.com/tessera-gpu/tessera" \
       org.opencontainers.image.url="https://github.com/tessera-gpu/tessera" \
       org.opencontainers.image.vendor="Tessera"
-COPY --from=binaries /out/tessera-operator /out/tessera-plugin /usr/local/bin/
+COPY --from=binaries /out/tessera-operator /out/tessera-plugin /out/tessera-cdi-hook /usr/local/bin/
 # Non-root by default: the operator needs no privilege at all. The plugin's DaemonSet
 # overrides this with runAsUser 0, because it opens /dev/nvidia*, creates MIG instances
 # and writes into the kubelet's root-owned plugin directories (see the chart's DaemonSet).

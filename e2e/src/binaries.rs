@@ -587,7 +587,19 @@ pub(crate) fn go_output(args: &[&str], dir: &Path) -> Result<String> {
 /// that it is still linking when it lists nothing), and keeps the last lines of output for
 /// the error.
 pub(crate) fn go_run(args: &[&str], dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<()> {
+    go_run_with(args, dir, &[], progress)
+}
+
+/// [`go_run`] with extra environment (`CGO_ENABLED=1` for a program that loads C
+/// libraries).
+pub(crate) fn go_run_with(
+    args: &[&str],
+    dir: &Path,
+    env: &[(&str, &str)],
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
     let mut child = go_command(args, dir)
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

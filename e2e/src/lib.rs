@@ -19,6 +19,8 @@ pub mod bench_adaptive;
 pub mod bench_load;
 pub mod bench_operator;
 pub mod binaries;
+pub mod cdi_compare;
+pub mod cdi_tools;
 mod certs;
 pub mod chaos;
 pub mod cluster;
@@ -30,6 +32,7 @@ pub mod operator;
 pub mod plugin;
 mod process;
 pub mod prometheus;
+pub mod runc;
 pub mod version;
 pub mod wait;
 

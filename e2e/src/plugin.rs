@@ -28,6 +28,12 @@ pub fn plugin_binary() -> anyhow::Result<PathBuf> {
     crate::process::workspace_binary("tessera-plugin", "TESSERA_PLUGIN_BIN")
 }
 
+/// The CDI hook binary the plugin installs: `$TESSERA_CDI_HOOK_BIN`, else next to the test
+/// executable's target directory (`cargo xtask test` builds it first).
+pub fn cdi_hook_binary() -> anyhow::Result<PathBuf> {
+    crate::process::workspace_binary("tessera-cdi-hook", "TESSERA_CDI_HOOK_BIN")
+}
+
 /// Where cargo put the simulated driver (`cargo build -p tessera-simdriver --lib --bins`;
 /// `cargo xtask test` does): next to `nvidia-smi`, or `$TESSERA_SIMDRIVER_DIR`.
 pub fn simdriver_built() -> anyhow::Result<PathBuf> {
@@ -370,9 +376,13 @@ impl SimNode {
             .arg(self.checkpoint_mount_point())
             .arg("--boot-id-file")
             .arg(self.root.join("boot_id"))
-            // Where the simulated driver publishes its MIG capability files.
+            // Where the simulated driver publishes its MIG capability files and majors.
             .arg("--nvidia-caps-root")
             .arg(driver.caps_root())
+            .arg("--proc-devices")
+            .arg(driver.proc_devices())
+            .arg("--cdi-hook")
+            .arg(cdi_hook_binary()?)
             .arg("--metrics-address")
             .arg(format!("127.0.0.1:{port}"))
             .arg("--pod-uid")

@@ -29,6 +29,7 @@ use crate::{
     checkpoint::{self, CheckpointStore},
     config::{Args, BackendKind},
     driver::{ClaimError, Driver, DriverConfig, DriverHandle, KubeClaims, PendingDriver},
+    driver_files::{self, DriverFiles},
     handover::{HandoverListener, NodeDir, NodeLock, Request},
     health_store::HealthStore,
     kubelet,
@@ -78,6 +79,17 @@ pub enum Error {
     /// The checkpoint could not be loaded.
     #[error("loading the checkpoint")]
     Checkpoint(#[source] checkpoint::Error),
+    /// The CDI hook could not be installed on the host.
+    #[error("installing the CDI hook {} as {}", .from.display(), .to.display())]
+    Hook {
+        /// `--cdi-hook`.
+        from: std::path::PathBuf,
+        /// Where it goes.
+        to: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// Start-up recovery failed.
     #[error("reconciling the checkpoint with the hardware")]
     Recovery(#[source] ClaimError),
@@ -352,6 +364,40 @@ impl Owner<'_> {
                 "moved the checkpoint records an earlier version kept in the state directory"
             );
         }
+        let hook = args.state_dir.join("bin").join(driver_files::HOOK_NAME);
+        let installed =
+            driver_files::install_hook(&args.cdi_hook, &hook).map_err(|source| Error::Hook {
+                from: args.cdi_hook.clone(),
+                to: hook.clone(),
+                source,
+            })?;
+        info!(hook = %hook.display(), installed, "CDI hook in place");
+        let files = Arc::new(DriverFiles::new(
+            driver_files::Layout {
+                driver_root: args.nvidia_driver_root.clone(),
+                host_driver_root: args
+                    .host_driver_root
+                    .clone()
+                    .unwrap_or_else(|| args.nvidia_driver_root.clone()),
+                proc_devices: args.proc_devices.clone(),
+                hook,
+                version: gpus
+                    .gpus
+                    .first()
+                    .and_then(|g| g.driver_version.clone())
+                    .unwrap_or_default(),
+                kernel_release: driver_files::kernel_release(),
+            },
+            Arc::new(driver_files::RealFs),
+        ));
+        let found = files.refresh();
+        info!(
+            libraries = found.libraries.len(),
+            binaries = found.binaries.len(),
+            firmware = found.firmware.len(),
+            sockets = found.sockets.len(),
+            "found the driver's files for containers"
+        );
         let driver = Driver::new(DriverConfig {
             node: args.node_name.clone(),
             driver_name: args.driver_name.clone(),
@@ -362,7 +408,7 @@ impl Owner<'_> {
                 self.client.clone(),
                 Some(self.claim_cache.clone()),
             )),
-            cdi: CdiWriter::new(&args.cdi_dir, &args.driver_name),
+            cdi: CdiWriter::new(&args.cdi_dir, &args.driver_name, files),
             mps_root: args.state_dir.join("mps"),
             caps_root: args.nvidia_caps_root.clone(),
             metrics: self.metrics.clone(),

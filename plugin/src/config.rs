@@ -102,6 +102,28 @@ pub struct Args {
     #[arg(long, env = "TESSERA_NVIDIA_DRIVER_ROOT", default_value = "/")]
     pub nvidia_driver_root: PathBuf,
 
+    /// The directory `--nvidia-driver-root` is on the host. CDI specs name host paths (the
+    /// container runtime reads them), so where the plugin sees the driver root mounted
+    /// elsewhere (the chart mounts it at `/driver-root`) this says where it really is:
+    /// `/`, or `/run/nvidia/driver` under the GPU Operator. Default: the same path.
+    #[arg(long, env = "TESSERA_HOST_DRIVER_ROOT")]
+    pub host_driver_root: Option<PathBuf>,
+
+    /// The node's `/proc/devices`, where the driver's dynamic majors are (`nvidia-caps`,
+    /// for MIG devices' capability nodes).
+    #[arg(long, env = "TESSERA_PROC_DEVICES", default_value = "/proc/devices")]
+    pub proc_devices: PathBuf,
+
+    /// The CDI hook binary (`tessera-cdi-hook`) to install on the host: copied at start
+    /// into `<state-dir>/bin/`, which must be the same path on the host (the runtime runs
+    /// a spec's hooks from host paths).
+    #[arg(
+        long,
+        env = "TESSERA_CDI_HOOK",
+        default_value = "/usr/local/bin/tessera-cdi-hook"
+    )]
+    pub cdi_hook: PathBuf,
+
     /// Inventory YAML of the simulated node (with `--backend sim`).
     #[arg(long, env = "TESSERA_SIM_INVENTORY", required_if_eq("backend", "sim"))]
     pub sim_inventory: Option<PathBuf>,

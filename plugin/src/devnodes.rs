@@ -1,6 +1,6 @@
-//! Device nodes a container needs for a GPU or a MIG device (for its CDI spec).
+//! The MIG capabilities a container needs for a MIG device (for its CDI spec).
 //!
-//! A MIG device needs the parent GPU's `/dev/nvidia<minor>` and `/dev/nvidiactl`, plus two
+//! A MIG device needs the parent GPU's `/dev/nvidia<minor>` and the control nodes, plus two
 //! capability nodes, `/dev/nvidia-caps/nvidia-cap<N>`, one granting access to the GPU
 //! instance and one to the compute instance. `N` is the `DeviceFileMinor` the driver
 //! publishes in `<caps root>/gpu<minor>/mig/gi<GI>/access` and
@@ -31,37 +31,46 @@ pub enum Error {
     },
 }
 
-/// Device nodes of a whole GPU.
-pub fn gpu_nodes(minor: u32) -> Vec<String> {
-    vec![format!("/dev/nvidia{minor}"), "/dev/nvidiactl".to_string()]
+/// A MIG capability the driver publishes: the minor of its
+/// `/dev/nvidia-caps/nvidia-cap<N>` node and the node's mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cap {
+    /// `DeviceFileMinor`.
+    pub minor: u32,
+    /// `DeviceFileMode` (`0o444` when the file does not say).
+    pub mode: u32,
 }
 
-/// Device nodes of a MIG device, or an error naming the capability file that could not be
-/// used.
-pub fn mig_nodes(caps_root: &Path, minor: u32, gi: u32, ci: u32) -> Result<Vec<String>, Error> {
+/// The GPU instance's and the compute instance's capabilities of a MIG device, or an error
+/// naming the capability file that could not be used.
+pub fn mig_caps(caps_root: &Path, minor: u32, gi: u32, ci: u32) -> Result<[Cap; 2], Error> {
     let gi_dir = caps_root.join(format!("gpu{minor}/mig/gi{gi}"));
-    let gi_cap = read_minor(&gi_dir.join("access"))?;
-    let ci_cap = read_minor(&gi_dir.join(format!("ci{ci}/access")))?;
-    let mut nodes = gpu_nodes(minor);
-    nodes.push(format!("/dev/nvidia-caps/nvidia-cap{gi_cap}"));
-    nodes.push(format!("/dev/nvidia-caps/nvidia-cap{ci_cap}"));
-    Ok(nodes)
+    Ok([
+        read_cap(&gi_dir.join("access"))?,
+        read_cap(&gi_dir.join(format!("ci{ci}/access")))?,
+    ])
 }
 
-/// Reads `DeviceFileMinor: <n>` from a capability `access` file.
-fn read_minor(path: &Path) -> Result<u32, Error> {
+/// Reads `DeviceFileMinor: <n>` (and `DeviceFileMode: <decimal>`) from an `access` file.
+fn read_cap(path: &Path) -> Result<Cap, Error> {
     let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
         path: path.to_path_buf(),
         source,
     })?;
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix("DeviceFileMinor:")
-                .and_then(|v| v.trim().parse().ok())
+    let field = |name: &str| {
+        text.lines().find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|v| v.strip_prefix(':'))
+                .and_then(|v| v.trim().parse::<u32>().ok())
         })
-        .ok_or_else(|| Error::NoMinor {
-            path: path.to_path_buf(),
-        })
+    };
+    let minor = field("DeviceFileMinor").ok_or_else(|| Error::NoMinor {
+        path: path.to_path_buf(),
+    })?;
+    Ok(Cap {
+        minor,
+        mode: field("DeviceFileMode").unwrap_or(0o444),
+    })
 }
 
 #[cfg(test)]
@@ -84,16 +93,20 @@ mod tests {
     }
 
     #[test]
-    fn a_mig_device_gets_its_parent_and_both_capability_nodes() {
+    fn a_mig_device_gets_both_capabilities_with_their_minors_and_mode() {
         let dir = tempfile::tempdir().unwrap();
         write_caps(dir.path(), 3, 2, 0, 57, 58);
         assert_eq!(
-            mig_nodes(dir.path(), 3, 2, 0).unwrap(),
+            mig_caps(dir.path(), 3, 2, 0).unwrap(),
             [
-                "/dev/nvidia3",
-                "/dev/nvidiactl",
-                "/dev/nvidia-caps/nvidia-cap57",
-                "/dev/nvidia-caps/nvidia-cap58"
+                Cap {
+                    minor: 57,
+                    mode: 292
+                },
+                Cap {
+                    minor: 58,
+                    mode: 292
+                }
             ]
         );
     }
@@ -101,7 +114,7 @@ mod tests {
     #[test]
     fn a_missing_capability_file_is_an_error_naming_it() {
         let dir = tempfile::tempdir().unwrap();
-        let err = mig_nodes(dir.path(), 0, 1, 0).unwrap_err();
+        let err = mig_caps(dir.path(), 0, 1, 0).unwrap_err();
         assert!(
             matches!(&err, Error::Read { path, .. } if path.ends_with("gpu0/mig/gi1/access")),
             "{err:?}"
@@ -115,7 +128,7 @@ mod tests {
         std::fs::create_dir_all(&gi_dir).unwrap();
         std::fs::write(dir.path().join("gpu0/mig/gi1/access"), "garbage\n").unwrap();
         assert!(matches!(
-            mig_nodes(dir.path(), 0, 1, 0),
+            mig_caps(dir.path(), 0, 1, 0),
             Err(Error::NoMinor { .. })
         ));
     }

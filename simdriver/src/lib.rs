@@ -2,6 +2,9 @@
 //!
 //! - `libnvidia-ml.so.1` (this crate's cdylib): the NVML functions the NVML backend and
 //!   nvml-wrapper call, with NVML's C ABI and return codes ([`abi`]).
+//! - `libcuda.so.1` (the same cdylib under CUDA's name, [`soname`]): the CUDA driver
+//!   calls a probe makes, by CUDA's rules ([`cuda`]); the driver's other libraries are
+//!   stubs under their names ([`libraries`]).
 //! - `nvidia-smi` (`compute-policy --set-timeslice`, `--gpu-reset`, `-L`) and
 //!   `nvidia-cuda-mps-control` (the control daemon and its client) ([`smi`], [`mps`]).
 //! - All three are front doors to one [`SimBackend`](tessera_gpu::backend::sim::SimBackend)
@@ -12,10 +15,13 @@
 
 pub mod abi;
 pub mod codes;
+pub mod cuda;
 pub mod handles;
+pub mod libraries;
 pub mod mps;
 pub mod profiles;
 pub mod root;
 pub mod smi;
+pub mod soname;
 
 pub use root::SimRoot;

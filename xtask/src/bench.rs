@@ -88,6 +88,8 @@ pub fn run(args: Args, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         "tessera-plugin",
         "-p",
         "tessera-operator",
+        "-p",
+        "tessera-cdi-hook",
         "--bins",
     ];
     if args.release {

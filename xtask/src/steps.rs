@@ -66,6 +66,8 @@ pub fn build_node_binaries() -> anyhow::Result<()> {
             "tessera-plugin",
             "-p",
             "tessera-operator",
+            "-p",
+            "tessera-cdi-hook",
             "--bins",
         ],
         &[],

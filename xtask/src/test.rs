@@ -103,11 +103,20 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         },
     )?;
     let prom = prom.ok_or_else(|| anyhow::anyhow!("no prometheus"))?;
+    let mut cdi_tools = None;
+    step(
+        "nvidia-ctk, the reference CDI library and runc (for the CDI checks)",
+        &mut || {
+            cdi_tools = Some(controlplane::build_cdi_tools()?);
+            Ok(())
+        },
+    )?;
+    let cdi_tools = cdi_tools.ok_or_else(|| anyhow::anyhow!("no CDI tools"))?;
     // The end-to-end tests start the plugin and operator binaries and install the
     // simulated driver (its library and tools) on every node: build them first so they
     // never run stale ones.
     step(
-        "cargo build -p tessera-plugin -p tessera-operator -p tessera-simdriver",
+        "cargo build -p tessera-plugin -p tessera-operator -p tessera-simdriver -p tessera-cdi-hook -p tessera-probe",
         &mut || {
             cargo(
                 &[
@@ -118,6 +127,10 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
                     "tessera-operator",
                     "-p",
                     "tessera-simdriver",
+                    "-p",
+                    "tessera-cdi-hook",
+                    "-p",
+                    "tessera-probe",
                     "--bins",
                     "--lib",
                 ],
@@ -131,6 +144,12 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
             ("TESSERA_K8S_BIN_DIR", b.dir.display().to_string()),
             ("TESSERA_HELM", helm.display().to_string()),
             ("TESSERA_PROMETHEUS_BIN_DIR", prom.dir.display().to_string()),
+            (
+                "TESSERA_NVIDIA_CTK",
+                cdi_tools.nvidia_ctk.display().to_string(),
+            ),
+            ("TESSERA_CDI_INJECT", cdi_tools.inject.display().to_string()),
+            ("TESSERA_RUNC", cdi_tools.runc.display().to_string()),
         ]
     };
     step(

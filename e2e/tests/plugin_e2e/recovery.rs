@@ -63,7 +63,7 @@ async fn a_plugin_killed_between_the_checkpoint_phases_recovers_and_nothing_leak
     )))
     .unwrap();
     assert!(
-        spec.contains(&format!("NVIDIA_VISIBLE_DEVICES={remade}")) && !spec.contains(&orphan),
+        spec.contains(&format!("TESSERA_DEVICE_UUID={remade}")) && !spec.contains(&orphan),
         "the container gets the new instance: {spec}"
     );
 

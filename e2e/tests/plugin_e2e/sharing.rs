@@ -100,7 +100,7 @@ async fn mig_mps_and_whole_gpu_pods_run_and_deleting_them_destroys_what_was_made
         )
         .unwrap();
         assert!(
-            spec.contains(&format!("NVIDIA_VISIBLE_DEVICES={mig_uuid}")),
+            spec.contains(&format!("TESSERA_DEVICE_UUID={mig_uuid}")),
             "{spec}"
         );
         // The GPU and compute instance capability nodes, from the driver's files.

@@ -2,22 +2,18 @@
 
 use std::collections::BTreeSet;
 
-use tessera_gpu::{
-    backend::{BackendError, ComputeMode, ErrorKind, MpsDaemonConfig, MpsState, Operation},
-    mps::{self, MpsRequest},
+use tessera_gpu::backend::{
+    BackendError, ComputeMode, ErrorKind, MpsDaemonConfig, MpsState, Operation,
 };
 use tracing::{info, warn};
 
 use super::{ClaimError, Driver};
 use crate::{
-    cdi::{self, CdiDevice, ContainerEdits, DeviceNode, Mount},
+    cdi::{self, CdiDevice},
     checkpoint::{ClaimPhase, ClaimRecord, DeviceKind, DeviceRecord, MigIdentity},
-    crash_points, devnodes,
+    crash_points, device_edits,
     kubelet::{ClaimRef, PreparedDevice},
 };
-
-/// Where the MPS pipe directory appears inside containers.
-const MPS_PIPE_IN_CONTAINER: &str = "/tmp/nvidia-mps";
 
 pub(crate) fn to_prepared(rec: &ClaimRecord) -> Vec<PreparedDevice> {
     rec.devices
@@ -273,85 +269,23 @@ impl Driver {
 
     /// The container edits of one device.
     fn cdi_device(&self, uid: &str, d: &DeviceRecord) -> Result<CdiDevice, ClaimError> {
-        let mut edits = ContainerEdits::default();
-        let minor = self.gpus().gpu(d.gpu).and_then(|g| g.minor_number);
-        let node = |path: String| DeviceNode {
-            path,
-            host_path: None,
+        let gpu = self.gpus().gpu(d.gpu);
+        let pipe_dir = self.mps_root.join(format!("gpu-{}", d.gpu)).join("pipe");
+        let ctx = device_edits::Context {
+            files: self.cdi.files(),
+            caps_root: &self.caps_root,
+            minor: gpu.and_then(|g| g.minor_number),
+            gpu_memory_mib: gpu.map_or(u64::MAX, |g| g.memory_mib),
+            mps_pipe_dir: &pipe_dir,
         };
-        if let (Some(minor), false) = (minor, matches!(d.kind, DeviceKind::Mig { .. })) {
-            edits
-                .device_nodes
-                .extend(devnodes::gpu_nodes(minor).into_iter().map(node));
-        }
-        match &d.kind {
-            DeviceKind::Gpu { uuid } | DeviceKind::TimeSlice { uuid } => {
-                edits.env.push(format!("NVIDIA_VISIBLE_DEVICES={uuid}"));
-            }
-            DeviceKind::Mig {
-                profile,
-                start,
-                size,
-                created,
-                ..
-            } => {
-                if let Some(m) = created {
-                    edits.env.push(format!("NVIDIA_VISIBLE_DEVICES={}", m.uuid));
-                    if let Some(minor) = minor {
-                        let nodes = devnodes::mig_nodes(
-                            &self.caps_root,
-                            minor,
-                            m.gpu_instance_id,
-                            m.compute_instance_id,
-                        )
-                        .map_err(|source| ClaimError::CapabilityNodes {
-                            device: d.device.clone(),
-                            source,
-                        })?;
-                        edits.device_nodes.extend(nodes.into_iter().map(node));
-                    }
-                }
-                edits.env.push(format!("TESSERA_MIG_PROFILE={profile}"));
-                edits
-                    .env
-                    .push(format!("TESSERA_MIG_PLACEMENT={start}:{size}"));
-            }
-            DeviceKind::Mps {
-                uuid,
-                active_thread_percentage,
-                pinned_memory_limit_mib,
-            } => {
-                edits.env.push(format!("NVIDIA_VISIBLE_DEVICES={uuid}"));
-                // Inside the container the one visible GPU is device 0.
-                let request = MpsRequest {
-                    compute_percent: Some(*active_thread_percentage),
-                    memory_bytes: Some(pinned_memory_limit_mib.saturating_mul(1 << 20)),
-                };
-                let gpu_mib = self.gpus().gpu(d.gpu).map_or(u64::MAX, |g| g.memory_mib);
-                if let Ok(s) = mps::client_settings(gpu_mib, "0", request) {
-                    edits
-                        .env
-                        .extend(s.env.into_iter().map(|(k, v)| format!("{k}={v}")));
-                }
-                edits.env.push(format!(
-                    "{}={MPS_PIPE_IN_CONTAINER}",
-                    mps::ENV_PIPE_DIRECTORY
-                ));
-                edits.mounts.push(Mount {
-                    host_path: self
-                        .mps_root
-                        .join(format!("gpu-{}", d.gpu))
-                        .join("pipe")
-                        .display()
-                        .to_string(),
-                    container_path: MPS_PIPE_IN_CONTAINER.into(),
-                    options: vec!["rbind".into(), "rw".into()],
-                });
-            }
-        }
+        let container_edits =
+            device_edits::edits(d, &ctx).map_err(|source| cdi::Error::Device {
+                device: d.device.clone(),
+                source,
+            })?;
         Ok(CdiDevice {
             name: cdi::device_name(uid, &d.device),
-            container_edits: edits,
+            container_edits,
         })
     }
 }

@@ -30,6 +30,8 @@ struct TestNode {
     dir: tempfile::TempDir,
     sim: Arc<SimBackend>,
     api: Arc<FakeClaims>,
+    /// The driver's files and device nodes of the node, in memory.
+    files: Arc<crate::driver_files::DriverFiles>,
 }
 
 /// A GPU of `model` at `index` of a test node.
@@ -54,6 +56,7 @@ impl TestNode {
 
     fn with(gpus: Vec<InventoryGpu>) -> Self {
         let dir = tempfile::tempdir().unwrap();
+        let (_, files) = crate::driver_files::tests::node_files_for(gpus.len() as u32);
         let inventory = Inventory {
             gpus,
             latencies: None,
@@ -69,11 +72,12 @@ impl TestNode {
             dir,
             sim: Arc::new(sim),
             api: Arc::new(FakeClaims::default()),
+            files,
         }
     }
 
     fn cdi(&self) -> CdiWriter {
-        CdiWriter::new(self.dir.path().join("cdi"), DRIVER)
+        CdiWriter::new(self.dir.path().join("cdi"), DRIVER, self.files.clone())
     }
 
     /// A driver on this node's files and hardware: calling it again is a plugin restart.
@@ -191,7 +195,11 @@ async fn a_failing_cdi_write_fails_the_claim_and_the_retry_remakes_its_instance(
     let node = TestNode::new(1);
     // A CDI directory that cannot be created: its parent is a file.
     std::fs::write(node.dir.path().join("not-a-dir"), "").unwrap();
-    let broken = CdiWriter::new(node.dir.path().join("not-a-dir/cdi"), DRIVER);
+    let broken = CdiWriter::new(
+        node.dir.path().join("not-a-dir/cdi"),
+        DRIVER,
+        node.files.clone(),
+    );
     let driver = node.driver_with_cdi(broken);
     let c = node.claim("a", &[mig(0, "1g.10gb", 3)]);
 

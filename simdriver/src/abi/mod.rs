@@ -11,6 +11,7 @@
 mod device;
 mod events;
 mod mig;
+mod migdev;
 
 use std::{
     ffi::{CStr, c_char, c_uint},

@@ -5,8 +5,12 @@
 //! instance. The plugin reads them to build a MIG device's CDI spec, so the simulator
 //! writes them too, and the plugin's real code path runs in every test.
 //!
-//! The minors are a stable numbering of the simulator's own (the driver's comes from
-//! `/proc/driver/nvidia-caps/mig-minors`): distinct for every GPU, GI and CI.
+//! The minors follow the driver's own table, `/proc/driver/nvidia-caps/mig-minors`
+//! (MIG user guide, "Device Nodes and Capabilities"): `config 1`, `monitor 2`, then per GPU
+//! minor and GPU-instance id (0-14) the GI's `access` followed by its CIs 0-7, so
+//! `gpu0/gi0/access` is 3, `gpu0/gi0/ci0/access` 4 and `gpu0/gi1/access` 12. NVIDIA's CDI
+//! generator reads that table ([`mig_minors`]) and the plugin the `access` files; both must
+//! name the same node.
 
 use std::{fs, io, path::Path};
 
@@ -14,13 +18,37 @@ use super::state::SimState;
 
 /// GPU instance ids a GPU can have (H100: up to 7 instances, ids below 15).
 const GI_IDS: u32 = 15;
-/// Compute instance ids a GPU instance can have, plus one for the GI itself.
-const CI_SLOTS: u32 = 9;
+/// Compute instance ids a GPU instance can have.
+const CI_IDS: u32 = 8;
+/// Slots of one GPU instance in the table: its own, then its compute instances'.
+const CI_SLOTS: u32 = CI_IDS + 1;
+/// Minors 1 and 2 are `config` and `monitor`.
+const FIRST_GI_MINOR: u32 = 3;
 
 /// The minor of a GPU instance's (`ci: None`) or compute instance's capability node.
 pub fn minor(gpu_minor: u32, gi: u32, ci: Option<u32>) -> u32 {
-    let gi_minor = 1 + (gpu_minor * GI_IDS + gi) * CI_SLOTS;
+    let gi_minor = FIRST_GI_MINOR + (gpu_minor * GI_IDS + gi) * CI_SLOTS;
     ci.map_or(gi_minor, |ci| gi_minor + 1 + ci)
+}
+
+/// The text of `/proc/driver/nvidia-caps/mig-minors` for GPUs of minors `0..gpus`.
+pub fn mig_minors(gpus: u32) -> String {
+    let mut out = String::from("config 1\nmonitor 2\n");
+    for gpu in 0..gpus {
+        for gi in 0..GI_IDS {
+            out.push_str(&format!(
+                "gpu{gpu}/gi{gi}/access {}\n",
+                minor(gpu, gi, None)
+            ));
+            for ci in 0..CI_IDS {
+                out.push_str(&format!(
+                    "gpu{gpu}/gi{gi}/ci{ci}/access {}\n",
+                    minor(gpu, gi, Some(ci))
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// Brings the capability tree under `root` to the instances in `state`: files of
@@ -75,8 +103,9 @@ pub fn publish(root: &Path, state: &SimState) -> io::Result<()> {
     Ok(())
 }
 
-/// Rewrites `<dev>/nvidia-caps/` to hold one `nvidia-cap<N>` file per GPU and compute
-/// instance in `state` (the node a container of that instance is given).
+/// Rewrites `<dev>/nvidia-caps/` to hold one `nvidia-cap<N>` character device per GPU and
+/// compute instance in `state` (the node a container of that instance is given), as
+/// `nvidia-modprobe` creates them on a real node.
 pub fn publish_nodes(dev: &Path, state: &SimState) -> io::Result<()> {
     let dir = dev.join("nvidia-caps");
     fs::create_dir_all(&dir)?;
@@ -104,7 +133,12 @@ pub fn publish_nodes(dev: &Path, state: &SimState) -> io::Result<()> {
     for n in want {
         let path = dir.join(format!("nvidia-cap{n}"));
         if !path.exists() {
-            fs::write(path, b"")?;
+            super::devices::make_char_device(
+                &path,
+                super::devices::CAPS_MAJOR,
+                n,
+                super::devices::CAP_NODE_MODE,
+            )?;
         }
     }
     Ok(())
@@ -131,10 +165,27 @@ mod tests {
         for gpu in 0..8 {
             for gi in 0..GI_IDS {
                 assert!(seen.insert(minor(gpu, gi, None)));
-                for ci in 0..CI_SLOTS - 1 {
+                for ci in 0..CI_IDS {
                     assert!(seen.insert(minor(gpu, gi, Some(ci))));
                 }
             }
         }
+        assert!(
+            !seen.contains(&1) && !seen.contains(&2),
+            "config and monitor"
+        );
+    }
+
+    #[test]
+    fn minors_match_the_drivers_table() {
+        // MIG user guide: gpu0/gi0/access 3, gpu0/gi0/ci0/access 4, gpu0/gi1/access 12.
+        assert_eq!(minor(0, 0, None), 3);
+        assert_eq!(minor(0, 0, Some(0)), 4);
+        assert_eq!(minor(0, 0, Some(7)), 11);
+        assert_eq!(minor(0, 1, None), 12);
+        let table = mig_minors(2);
+        assert!(table.starts_with("config 1\nmonitor 2\ngpu0/gi0/access 3\n"));
+        assert!(table.contains(&format!("gpu1/gi2/ci3/access {}\n", minor(1, 2, Some(3)))));
+        assert_eq!(table.lines().count(), 2 + 2 * 15 * 9);
     }
 }

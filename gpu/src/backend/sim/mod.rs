@@ -14,6 +14,7 @@
 //!   (see [`faults`]).
 
 pub mod caps;
+pub mod devices;
 pub mod faults;
 mod inner;
 pub mod inventory;
@@ -46,7 +47,11 @@ use super::{
 use crate::catalog::MigLayout;
 
 /// The driver version simulated GPUs report.
-pub const DRIVER_VERSION: &str = "580.0-sim";
+/// A real R580 release, in the form real drivers report it: NVIDIA's tools find the
+/// driver's files by it (`libcuda.so.<version>`).
+pub const DRIVER_VERSION: &str = "580.95.05";
+/// The CUDA driver API version of that release (`cuDriverGetVersion`: 13.0).
+pub const CUDA_DRIVER_VERSION: i32 = 13000;
 
 /// How to build a [`SimBackend`].
 #[derive(Clone, Debug, Default)]
