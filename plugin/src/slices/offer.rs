@@ -254,11 +254,19 @@ fn from_config(
                 .and_then(|v| u32::try_from(v).ok())
                 .unwrap_or(100 / max_clients)
                 .clamp(1, 100);
-            let default_memory_mib = mps
-                .default_pinned_memory_limit
-                .as_deref()
-                .and_then(crate::quantity::parse_mib)
-                .unwrap_or(gpu.memory_mib / u64::from(max_clients));
+            let share = gpu.memory_mib / u64::from(max_clients);
+            let default_memory_mib = match mps.default_pinned_memory_limit.as_deref() {
+                None => share,
+                Some(q) => crate::quantity::parse_mib(q).unwrap_or_else(|| {
+                    // The CRD lets only quantities through; an entry written around it
+                    // is said, not silently replaced.
+                    warnings.push(format!(
+                        "GPU {}: mps.defaultPinnedMemoryLimit {q:?} is not a memory quantity; each client gets GPU memory / maxClients ({share} MiB)",
+                        gpu.index
+                    ));
+                    share
+                }),
+            };
             GpuOffer::Mps {
                 max_clients,
                 default_thread_percentage,
