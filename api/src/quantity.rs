@@ -28,7 +28,9 @@ pub enum QuantityError {
     #[error("an empty string is not a quantity")]
     Empty,
     /// The string does not follow the grammar.
-    #[error("{0:?} is not a quantity: write a number with an optional suffix, e.g. 8Gi, 512Mi, 8e9 or 1500m")]
+    #[error(
+        "{0:?} is not a quantity: write a number with an optional suffix, e.g. 8Gi, 512Mi, 8e9 or 1500m"
+    )]
     Malformed(String),
 }
 
@@ -241,7 +243,9 @@ mod tests {
         assert_eq!(parse_cpu_milli("0.0001"), Some(1));
         assert_eq!(parse_cpu_milli("1e3"), Some(1_000_000));
         assert_eq!(parse_cpu_milli("1k"), Some(1_000_000));
-        for bad in ["", "-1", "1.2.3", "two", "m", "1e", "1e1.5", "1ee3", " 1", "2e3m"] {
+        for bad in [
+            "", "-1", "1.2.3", "two", "m", "1e", "1e1.5", "1ee3", " 1", "2e3m",
+        ] {
             assert_eq!(parse_cpu_milli(bad), None, "{bad}");
         }
     }
@@ -249,8 +253,8 @@ mod tests {
     #[test]
     fn malformed_or_negative_quantities_are_refused() {
         for bad in [
-            "", "-1Gi", "8GB", "Gi", "1.2.3Mi", "ten", ".", "+", "1 Gi", "1gi", "1K", "1e-",
-            "1e+", "1Ki1", "--1", "1e2000",
+            "", "-1Gi", "8GB", "Gi", "1.2.3Mi", "ten", ".", "+", "1 Gi", "1gi", "1K", "1e-", "1e+",
+            "1Ki1", "--1", "1e2000",
         ] {
             assert_eq!(parse_mib(bad), None, "{bad}");
         }

@@ -28,8 +28,8 @@ use tessera_gpu::find_model;
 use tessera_operator::demand::{Asks, Shape, asks};
 use tessera_simulate::workload::{NodeSpec, PodSpec, WHOLE_GPU_MILLI, Workload};
 
-/// The time-slicing clients a GPU takes when its policy names none (the plugin's default).
-const TIME_SLICE_CLIENTS: u32 = 4;
+/// The time-slicing clients a GPU takes when its policy names none.
+const TIME_SLICE_CLIENTS: u32 = tessera_api::defaults::TIME_SLICING_MAX_CLIENTS;
 
 /// What the cluster's objects become, with what was left out and why.
 #[derive(Debug, Default)]

@@ -311,7 +311,12 @@ fn an_unreadable_pinned_memory_limit_falls_back_to_the_default_share() {
 #[test]
 fn every_quantity_form_the_api_server_accepts_sets_the_pinned_memory_limit() {
     // Issue 37: `8e9` passed the CRD's isQuantity check and was then ignored.
-    for (q, mib) in [("8e9", 7630), ("8Gi", 8192), ("8G", 7630), ("+.5Ti", 524_288)] {
+    for (q, mib) in [
+        ("8e9", 7630),
+        ("8Gi", 8192),
+        ("8G", 7630),
+        ("+.5Ti", 524_288),
+    ] {
         let s = spec(json!([{
             "index": 0,
             "strategy": "MPS",
