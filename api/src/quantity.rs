@@ -124,7 +124,7 @@ impl Quantity {
         }
         let ten = BigUint::from(10u32);
         let scale = |e: i64| ten.pow(u32::try_from(e).unwrap_or(0));
-        let numerator = &self.digits * scale(self.exp10.max(0)) << self.exp2;
+        let numerator = (&self.digits * scale(self.exp10.max(0))) << self.exp2;
         let denominator = BigUint::from(unit.max(1)) * scale((-self.exp10).max(0));
         let value = numerator.div_ceil(&denominator);
         Some(u128::try_from(value).unwrap_or(u128::MAX))

@@ -628,3 +628,50 @@ async fn tessera_status_read_only(cp: &tessera_e2e::ControlPlane) -> serde_json:
     let out = kubectl_tessera(&["status", "-o", "json"], &kubeconfig).await;
     serde_json::from_slice(&out).unwrap()
 }
+
+#[tokio::test]
+async fn without_a_policy_an_installed_plugin_offers_gpus_whole_and_leaves_mig_off() {
+    let (cp, client) = setup().await;
+    let node = SimNode::start_as_installed(
+        &cp,
+        "fresh-node",
+        "gpus: [{model: h100-80gb}, {model: l4}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let types = eventually("the fresh node's devices", WAIT, || async {
+        let list = slices
+            .list(&ListParams::default().fields("spec.nodeName=fresh-node"))
+            .await
+            .ok()?;
+        let types: Vec<String> = list
+            .items
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .filter_map(|d| d.attributes.as_ref()?.get("type")?.string.clone())
+            .collect();
+        (types.len() >= 2).then_some(types)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        types,
+        ["gpu", "gpu"],
+        "one whole device per GPU, no partition"
+    );
+    // A claim for the whole H100 runs, and the GPU stays out of MIG mode.
+    create_pod(&client, "whole", "gpu.tessera.dev", None, None).await;
+    wait_running(&client, "whole").await;
+    assert!(sim(&node).gpus.iter().all(|g| !g.mig_enabled));
+    // A MIG claim finds nothing to allocate: no policy asked for partitions.
+    create_pod(
+        &client,
+        "mig",
+        "mig.tessera.dev",
+        Some(&profile("1g.10gb")),
+        None,
+    )
+    .await;
+    wait_unschedulable(&client, "mig").await;
+}
