@@ -40,15 +40,15 @@ pub struct FromCluster {
     pub left_out: Vec<String>,
 }
 
-/// Reads the cluster through `kubeconfig` (or as kubectl finds one).
+/// Reads the cluster the connection flags name.
 pub fn read(
-    kubeconfig: Option<&std::path::Path>,
+    connection: &crate::ConnectionArgs,
     model: &str,
     mps_max_clients: u32,
 ) -> anyhow::Result<FromCluster> {
     use kube::{Api, api::ListParams};
     let (nodes, gpunodes, pods, claims) = crate::live::block_on(async {
-        let client = crate::live::client(kubeconfig).await?;
+        let (client, _) = connection.client().await?;
         let lp = ListParams::default();
         anyhow::Ok((
             Api::<Node>::all(client.clone())
