@@ -573,6 +573,38 @@ async fn the_demo_workloads_run_as_shipped_on_the_demo_nodes() {
     );
     assert_eq!(report["pods"]["wholeGpuPods"], 1, "{report:#}");
     assert_eq!(report["pods"]["sharingPods"], 3, "{report:#}");
+
+    // `kubectl tessera plan`: turning the inference pool's MIG policy into Exclusive
+    // would wait for the claims on its partitioned H100s, naming them.
+    let sample = std::fs::read_to_string(
+        tessera_e2e::repo_root().join("config/samples/01-h100-inference-dynamic-mig.yaml"),
+    )
+    .unwrap();
+    let head = sample.split("  strategy: MIG").next().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let edited = dir.path().join("policy.yaml");
+    std::fs::write(&edited, format!("{head}  strategy: Exclusive\n")).unwrap();
+    let out = kubectl_tessera(
+        &["plan", "-f", edited.to_str().unwrap(), "-o", "json"],
+        cp.kubeconfig_path(),
+    )
+    .await;
+    let plan: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(plan["policies"][0]["change"], "changed", "{plan:#}");
+    let held: Vec<&serde_json::Value> = plan["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["outcome"] == "held")
+        .collect();
+    assert!(!held.is_empty(), "{plan:#}");
+    assert!(
+        held.iter()
+            .all(|g| g["gpu"].as_str().unwrap().starts_with("gpu-h100/")
+                && !g["claims"].as_array().unwrap().is_empty()
+                && g["after"] == "Exclusive"),
+        "{plan:#}"
+    );
 }
 
 /// `kubectl tessera status -o json` as a ServiceAccount that may only get and list
