@@ -643,6 +643,38 @@ async fn the_demo_workloads_run_as_shipped_on_the_demo_nodes() {
     );
     assert_eq!(report["pods"]["wholeGpuPods"], 1, "{report:#}");
     assert_eq!(report["pods"]["sharingPods"], 3, "{report:#}");
+
+    // `kubectl tessera plan`: turning the inference pool's MIG policy into Exclusive
+    // would wait for the claims on its partitioned H100s, naming them.
+    let sample = std::fs::read_to_string(
+        tessera_e2e::repo_root().join("config/samples/01-h100-inference-dynamic-mig.yaml"),
+    )
+    .unwrap();
+    let head = sample.split("  strategy: MIG").next().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let edited = dir.path().join("policy.yaml");
+    std::fs::write(&edited, format!("{head}  strategy: Exclusive\n")).unwrap();
+    let out = kubectl_tessera(
+        &["plan", "-f", edited.to_str().unwrap(), "-o", "json"],
+        cp.kubeconfig_path(),
+    )
+    .await;
+    let plan: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(plan["policies"][0]["change"], "changed", "{plan:#}");
+    let held: Vec<&serde_json::Value> = plan["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["outcome"] == "held")
+        .collect();
+    assert!(!held.is_empty(), "{plan:#}");
+    assert!(
+        held.iter()
+            .all(|g| g["gpu"].as_str().unwrap().starts_with("gpu-h100/")
+                && !g["claims"].as_array().unwrap().is_empty()
+                && g["after"] == "Exclusive"),
+        "{plan:#}"
+    );
 }
 
 /// `kubectl tessera status -o json` as a ServiceAccount that may only get and list
@@ -697,4 +729,51 @@ async fn tessera_status_read_only(cp: &tessera_e2e::ControlPlane) -> serde_json:
         .unwrap();
     let out = kubectl_tessera(&["status", "-o", "json"], &kubeconfig).await;
     serde_json::from_slice(&out).unwrap()
+}
+
+#[tokio::test]
+async fn without_a_policy_an_installed_plugin_offers_gpus_whole_and_leaves_mig_off() {
+    let (cp, client) = setup().await;
+    let node = SimNode::start_as_installed(
+        &cp,
+        "fresh-node",
+        "gpus: [{model: h100-80gb}, {model: l4}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let types = eventually("the fresh node's devices", WAIT, || async {
+        let list = slices
+            .list(&ListParams::default().fields("spec.nodeName=fresh-node"))
+            .await
+            .ok()?;
+        let types: Vec<String> = list
+            .items
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .filter_map(|d| d.attributes.as_ref()?.get("type")?.string.clone())
+            .collect();
+        (types.len() >= 2).then_some(types)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        types,
+        ["gpu", "gpu"],
+        "one whole device per GPU, no partition"
+    );
+    // A claim for the whole H100 runs, and the GPU stays out of MIG mode.
+    create_pod(&client, "whole", "gpu.tessera.dev", None, None).await;
+    wait_running(&client, "whole").await;
+    assert!(sim(&node).gpus.iter().all(|g| !g.mig_enabled));
+    // A MIG claim finds nothing to allocate: no policy asked for partitions.
+    create_pod(
+        &client,
+        "mig",
+        "mig.tessera.dev",
+        Some(&profile("1g.10gb")),
+        None,
+    )
+    .await;
+    wait_unschedulable(&client, "mig").await;
 }
