@@ -234,9 +234,9 @@ fn two_shapes(n: &NodeView) -> Vec<Violation> {
     }
     if let Some(h) = &n.hardware {
         for g in &h.gpus {
-            let detail = if g.mps.is_some() && (g.mig_enabled || !g.instances.is_empty()) {
+            let detail = if !g.mps.is_empty() && (g.mig_enabled || !g.instances.is_empty()) {
                 Some("an MPS daemon runs while MIG mode is on")
-            } else if g.mps.is_some() && g.time_slice != tessera_gpu::backend::TimeSlice::Default {
+            } else if !g.mps.is_empty() && g.time_slice != tessera_gpu::backend::TimeSlice::Default {
                 Some("an MPS daemon runs on a time-sliced GPU")
             } else {
                 None

@@ -151,15 +151,22 @@ async fn mig_mps_and_whole_gpu_pods_run_and_deleting_them_destroys_what_was_made
         claim.uid().unwrap()
     )))
     .unwrap();
+    // The container reaches the claim's own daemon through its pipe directory and shared
+    // memory; the limits are that daemon's, not variables a tenant could unset.
+    assert!(spec.contains("\"/dev/shm\""), "{spec}");
+    assert!(!spec.contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "{spec}");
+    let daemons = sim(&l4).gpus[1].mps.clone();
+    assert_eq!(daemons.len(), 1, "the claim's MPS daemon runs: {daemons:?}");
+    assert_eq!(daemons[0].config.default_active_thread_percentage, Some(25));
+    assert_eq!(daemons[0].config.default_pinned_memory_limit_mib, Some(4096));
     assert!(
-        spec.contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25"),
-        "{spec}"
+        daemons[0]
+            .config
+            .pipe_dir
+            .to_string_lossy()
+            .contains(&claim.uid().unwrap()),
+        "one daemon per claim: {daemons:?}"
     );
-    assert!(
-        spec.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M"),
-        "{spec}"
-    );
-    assert!(sim(&l4).gpus[1].mps.is_some(), "the MPS daemon runs");
 
     let whole = wait_running(&client, "whole").await;
     let claim = claim_of(&client, &whole).await;
@@ -210,8 +217,8 @@ async fn mig_mps_and_whole_gpu_pods_run_and_deleting_them_destroys_what_was_made
         state.gpus
     );
     assert!(
-        sim(&l4).gpus[1].mps.is_none(),
-        "the MPS daemon stops with its last client"
+        sim(&l4).gpus[1].mps.is_empty(),
+        "the claim's MPS daemon stops with its claim"
     );
     assert_eq!(
         std::fs::read_dir(h100.cdi_dir()).unwrap().count(),
@@ -323,7 +330,7 @@ async fn mig_mps_and_whole_gpu_pods_run_and_deleting_them_destroys_what_was_made
         !gpu0.mig_enabled,
         "MPS on a GPU in MIG mode runs no CUDA work"
     );
-    assert!(gpu0.mps.is_some());
+    assert_eq!(gpu0.mps.len(), 1);
     cluster::wait_for(
         &gpunodes,
         "h100-node",

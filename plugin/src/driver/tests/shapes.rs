@@ -78,7 +78,7 @@ async fn an_mps_share_on_a_hopper_gpu_left_in_mig_mode_turns_mig_mode_off() {
     driver.prepare_claim(&mps_share(&node, "a")).await.unwrap();
 
     assert!(!node.mig_enabled(0), "CUDA sees no whole GPU with MIG on");
-    assert!(node.sim.state().gpus[0].mps.is_some());
+    assert!(node.sim.state().gpus[0].mps.len() == 1);
 }
 
 #[tokio::test]
@@ -110,7 +110,7 @@ async fn no_shape_but_a_partition_is_made_while_partitions_are_there() {
 
     assert!(matches!(err, ClaimError::InUse { .. }), "{err:?}");
     assert!(node.mig_enabled(0));
-    assert!(node.sim.state().gpus[0].mps.is_none());
+    assert!(node.sim.state().gpus[0].mps.is_empty());
 }
 
 #[tokio::test]
@@ -321,5 +321,5 @@ async fn shared_devices_never_join_a_gpu_held_whole() {
         let err = driver.prepare_claim(&c).await.unwrap_err();
         assert!(matches!(err, ClaimError::InUse { .. }), "{err:?}");
     }
-    assert!(node.sim.state().gpus[0].mps.is_none());
+    assert!(node.sim.state().gpus[0].mps.is_empty());
 }
