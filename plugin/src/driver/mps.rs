@@ -194,7 +194,7 @@ impl Driver {
     }
 
     /// Restarts of claim `uid`'s daemons, by device name.
-    fn mps_restarts_of(&self, uid: &str) -> BTreeMap<String, u32> {
+    pub(super) fn mps_restarts_of(&self, uid: &str) -> BTreeMap<String, u32> {
         self.mps_restarts
             .lock()
             .unwrap_or_else(|p| p.into_inner())
