@@ -509,7 +509,7 @@ mod tests {
                 resettable: true,
                 compute_mode: Default::default(),
                 time_slice: Default::default(),
-                mps: None,
+                mps: Vec::new(),
                 instances,
                 lost: false,
             }],
@@ -695,10 +695,10 @@ mod tests {
         );
         // An MPS daemon on a GPU in MIG mode, whatever the records say.
         h.gpus[0].instances.clear();
-        h.gpus[0].mps = Some(tessera_gpu::backend::sim::SimMps {
+        h.gpus[0].mps = vec![tessera_gpu::backend::sim::SimMps {
             pid: 7,
             config: Default::default(),
-        });
+        }];
         let s = Snapshot {
             nodes: vec![node(h.clone(), vec![])],
             ..Snapshot::default()
