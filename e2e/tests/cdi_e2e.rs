@@ -221,7 +221,11 @@ async fn every_device_kind_gets_what_nvidias_generator_gives_it() {
         env.push(json!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=22000M"));
     });
     assert_eq!(out.code, 0, "{}", out.output);
-    assert!(out.output.contains(share), "the server's limits hold:\n{}", out.output);
+    assert!(
+        out.output.contains(share),
+        "the server's limits hold:\n{}",
+        out.output
+    );
     let out = container_with("mps-modest", &[&mps_id], &|c| {
         let env = c["process"]["env"].as_array_mut().unwrap();
         env.push(json!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M"));

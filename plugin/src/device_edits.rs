@@ -187,8 +187,11 @@ mod tests {
             ]
         );
         // The limits are the server's: none in the client's environment.
-        assert!(!mps.env.iter().any(|e| e.starts_with("CUDA_MPS_ACTIVE")
-            || e.starts_with("CUDA_MPS_PINNED")));
+        assert!(
+            !mps.env
+                .iter()
+                .any(|e| e.starts_with("CUDA_MPS_ACTIVE") || e.starts_with("CUDA_MPS_PINNED"))
+        );
         let no_minor = Context { minor: None, ..ctx };
         assert!(matches!(
             edits(

@@ -229,7 +229,6 @@ impl NodeState {
         Ok(live)
     }
 
-
     /// Occupancy of each MIG-capable GPU from `live`; see [`occupancy_of`].
     pub fn occupancy(
         &self,

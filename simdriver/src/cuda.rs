@@ -250,8 +250,7 @@ fn enumerate(state: &SimState, dev: &Path) -> Vec<Device> {
             .first()
             .cloned()
             .unwrap_or_else(|| model.id.clone());
-        let mps_pipe_needed =
-            !g.mps.is_empty() && g.compute_mode == ComputeMode::ExclusiveProcess;
+        let mps_pipe_needed = !g.mps.is_empty() && g.compute_mode == ComputeMode::ExclusiveProcess;
         let prohibited = g.compute_mode == ComputeMode::Prohibited;
         if !g.mig_enabled {
             out.push(Device {
@@ -573,7 +572,13 @@ pub extern "C" fn cuCtxGetExecAffinity(param: *mut CUexecAffinityParam, kind: c_
                 sms = (sms * u32::from(p)).div_ceil(100);
             }
         }
-        put(param, CUexecAffinityParam { kind, sm_count: sms })
+        put(
+            param,
+            CUexecAffinityParam {
+                kind,
+                sm_count: sms,
+            },
+        )
     })
 }
 

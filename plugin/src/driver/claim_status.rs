@@ -214,9 +214,8 @@ fn patch(
                 v["shareID"] = json!(s);
             }
             if matches!(d.kind, DeviceKind::Mps { .. }) {
-                v["conditions"] = json!([mps_condition(
-                    restarts.get(&d.device).copied().unwrap_or(0)
-                )]);
+                v["conditions"] =
+                    json!([mps_condition(restarts.get(&d.device).copied().unwrap_or(0))]);
             }
             v
         })

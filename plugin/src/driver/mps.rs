@@ -87,7 +87,10 @@ impl Driver {
         let mig_capable = self.gpus().layouts.contains_key(&gpu);
         let started = std::time::Instant::now();
         self.on_hardware(move |b| {
-            if matches!(b.mps_state(gpu, &config.pipe_dir)?, MpsState::Running { .. }) {
+            if matches!(
+                b.mps_state(gpu, &config.pipe_dir)?,
+                MpsState::Running { .. }
+            ) {
                 return Ok(());
             }
             if mig_capable {
@@ -134,7 +137,11 @@ impl Driver {
             cp.claims
                 .values()
                 .filter(|r| r.phase == ClaimPhase::PrepareCompleted)
-                .filter(|r| r.devices.iter().any(|d| matches!(d.kind, DeviceKind::Mps { .. })))
+                .filter(|r| {
+                    r.devices
+                        .iter()
+                        .any(|d| matches!(d.kind, DeviceKind::Mps { .. }))
+                })
                 .map(|r| {
                     (
                         ClaimRef {
@@ -165,10 +172,7 @@ impl Driver {
                     Ok(Check::Restarted) => {
                         restarted = true;
                         let n = {
-                            let mut r = self
-                                .mps_restarts
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner());
+                            let mut r = self.mps_restarts.lock().unwrap_or_else(|p| p.into_inner());
                             let n = r.entry((claim.uid.clone(), d.device.clone())).or_insert(0);
                             *n += 1;
                             *n
@@ -204,7 +208,11 @@ impl Driver {
             .collect()
     }
 
-    async fn check_mps_daemon(&self, claim: &ClaimRef, d: &DeviceRecord) -> Result<Check, ClaimError> {
+    async fn check_mps_daemon(
+        &self,
+        claim: &ClaimRef,
+        d: &DeviceRecord,
+    ) -> Result<Check, ClaimError> {
         let Some(config) = self.mps_daemon(&claim.uid, d) else {
             return Ok(Check::Running);
         };

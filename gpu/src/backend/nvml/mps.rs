@@ -88,10 +88,9 @@ fn c_path(path: &Path) -> Result<CString, ErrorKind> {
 /// Whether `dir` is a mount point (its device differs from its parent's).
 fn is_mount_point(dir: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
-    let (Ok(here), Some(Ok(parent))) = (
-        std::fs::metadata(dir),
-        dir.parent().map(std::fs::metadata),
-    ) else {
+    let (Ok(here), Some(Ok(parent))) =
+        (std::fs::metadata(dir), dir.parent().map(std::fs::metadata))
+    else {
         return false;
     };
     here.dev() != parent.dev()
@@ -121,7 +120,10 @@ pub fn unmount_shm(dir: &Path) -> Result<(), ErrorKind> {
         return Ok(());
     }
     rustix::mount::unmount(dir, rustix::mount::UnmountFlags::DETACH).map_err(|e| {
-        ErrorKind::io(format!("unmounting the tmpfs on {}", dir.display()), e.into())
+        ErrorKind::io(
+            format!("unmounting the tmpfs on {}", dir.display()),
+            e.into(),
+        )
     })
 }
 
@@ -144,7 +146,11 @@ fn daemon_command(
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     if let Some(shm) = &config.shm_dir {
-        let (shm, dev_shm, root) = (c_path(shm)?, c_path(Path::new("/dev/shm"))?, c_path(Path::new("/"))?);
+        let (shm, dev_shm, root) = (
+            c_path(shm)?,
+            c_path(Path::new("/dev/shm"))?,
+            c_path(Path::new("/"))?,
+        );
         // SAFETY: between fork and exec the closure makes three system calls through
         // rustix on C strings made before the fork; it allocates nothing and touches no
         // lock, so it is async-signal-safe. Unsharing the mount namespace (not the file
@@ -182,19 +188,21 @@ impl Mps {
         config: &MpsDaemonConfig,
     ) -> Result<MpsState, ErrorKind> {
         let mut daemons = self.daemons.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((c, pid, _)) = daemons.get(&config.pipe_dir) {
-            if c == config && answers(&self.binary, config, *pid) {
-                return Ok(MpsState::Running {
-                    pid: *pid,
-                    config: c.clone(),
-                });
-            }
-            if c != config {
+        if let Some((c, pid, _)) = daemons.get(&config.pipe_dir).cloned()
+            && answers(&self.binary, &c, pid)
+        {
+            // One adopted by asking (pid 0) had no known configuration: it is the caller's.
+            if c != *config && pid != 0 {
                 return Err(ErrorKind::InUse(format!(
                     "an MPS control daemon with another configuration runs on {}; stop it first",
                     config.pipe_dir.display()
                 )));
             }
+            daemons.insert(config.pipe_dir.clone(), (config.clone(), pid, gpu));
+            return Ok(MpsState::Running {
+                pid,
+                config: config.clone(),
+            });
         }
         for dir in [&config.pipe_dir, &config.log_dir] {
             std::fs::create_dir_all(dir)
@@ -240,9 +248,15 @@ impl Mps {
             std::thread::sleep(pause);
             pause = (pause * 2).min(std::time::Duration::from_millis(100));
         }
-        // The daemon must outlive a restart of its caller, so the child is not waited for.
-        let _ = child.try_wait();
-        drop(child);
+        // The daemon must outlive a restart of its caller, so nothing waits for it to
+        // exit but a thread that reaps it when it does (a quit, a crash): a dead daemon
+        // left a zombie would read as alive to a `kill -0`, and zombies would pile up.
+        if let Err(e) = std::thread::Builder::new()
+            .name("mps-reaper".into())
+            .spawn(move || child.wait())
+        {
+            tracing::warn!(error = %e, "no thread to reap the MPS control daemon when it exits");
+        }
         daemons.insert(config.pipe_dir.clone(), (config.clone(), pid, gpu));
         Ok(MpsState::Running {
             pid,
@@ -421,6 +435,40 @@ mod tests {
         child.wait().expect("reaping");
         assert!(!answers(refuses, &config, child.id()));
         assert!(!mps.known_running(&config.pipe_dir));
+    }
+
+    /// A daemon adopted by asking (its configuration unknown) that has since died is
+    /// started again with the caller's configuration, not refused as "another
+    /// configuration" (found by the fault campaign: a killed daemon was never restarted).
+    #[test]
+    fn a_dead_adopted_daemon_is_started_again_not_refused() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = MpsDaemonConfig {
+            pipe_dir: dir.path().join("pipe"),
+            log_dir: dir.path().join("log"),
+            default_active_thread_percentage: Some(25),
+            ..MpsDaemonConfig::default()
+        };
+        // `false` stands in for a control binary: nothing answers, a daemon exits at once.
+        let mps = Mps::new(PathBuf::from("/bin/false"));
+        mps.daemons.lock().expect("lock").insert(
+            config.pipe_dir.clone(),
+            (
+                MpsDaemonConfig {
+                    pipe_dir: config.pipe_dir.clone(),
+                    ..MpsDaemonConfig::default()
+                },
+                0,
+                0,
+            ),
+        );
+        let err = mps
+            .start(0, "GPU-x", &config)
+            .expect_err("the stand-in daemon exits");
+        assert!(
+            matches!(err, ErrorKind::MpsControl { ref command, .. } if command == "-f"),
+            "{err:?}"
+        );
     }
 
     /// Starts the binary just copied to `path`. Another test thread forking while the copy

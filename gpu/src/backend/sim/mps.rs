@@ -35,7 +35,11 @@ fn mps_refused(g: &SimGpu) -> Option<ErrorKind> {
 /// "MIG with CUDA MPS"). The simulator refuses the second daemon at once, so the mistake
 /// surfaces where it was made.
 fn beside_others_refused(g: &SimGpu, pipe_dir: &Path) -> Option<ErrorKind> {
-    let others = g.mps.iter().filter(|m| m.config.pipe_dir != pipe_dir).count();
+    let others = g
+        .mps
+        .iter()
+        .filter(|m| m.config.pipe_dir != pipe_dir)
+        .count();
     (others > 0 && g.compute_mode == ComputeMode::ExclusiveProcess).then(|| {
         ErrorKind::InUse(format!(
             "compute mode EXCLUSIVE_PROCESS lets one MPS server hold the GPU and {others} other daemon(s) run; several daemons need compute mode DEFAULT"

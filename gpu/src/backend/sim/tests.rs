@@ -242,7 +242,10 @@ fn state_survives_a_process_restart() {
     // Another inventory: the state file wins, like hardware that outlived the plugin.
     let s = SimBackend::new(cfg("gpus: [{model: l4}]")).unwrap();
     assert_eq!((s.gpus().unwrap(), s.mig_instances(0).unwrap()), before);
-    assert!(matches!(s.mps_state(1, Path::new("")).unwrap(), MpsState::Running { .. }));
+    assert!(matches!(
+        s.mps_state(1, Path::new("")).unwrap(),
+        MpsState::Running { .. }
+    ));
     // The rules still hold on the reloaded state.
     assert!(s.create_gpu_instance(0, 5, 0).is_err());
     assert!(s.destroy_gpu_instance(0, 1).is_err());
@@ -594,14 +597,21 @@ fn several_mps_daemons_share_a_gpu_in_compute_mode_default_only() {
         ..MpsDaemonConfig::default()
     };
     let (a, b) = (daemon("a", 25), daemon("b", 75));
-    s.set_compute_mode(0, ComputeMode::ExclusiveProcess).unwrap();
+    s.set_compute_mode(0, ComputeMode::ExclusiveProcess)
+        .unwrap();
     s.start_mps(0, &a).unwrap();
     let err = s.start_mps(0, &b).unwrap_err();
     assert!(chain(&err).contains("EXCLUSIVE_PROCESS"), "{}", chain(&err));
     s.set_compute_mode(0, ComputeMode::Default).unwrap();
     s.start_mps(0, &b).unwrap();
-    assert!(s.set_compute_mode(0, ComputeMode::ExclusiveProcess).is_err());
-    assert_eq!(s.mps_daemons(0).unwrap(), vec![a.pipe_dir.clone(), b.pipe_dir.clone()]);
+    assert!(
+        s.set_compute_mode(0, ComputeMode::ExclusiveProcess)
+            .is_err()
+    );
+    assert_eq!(
+        s.mps_daemons(0).unwrap(),
+        vec![a.pipe_dir.clone(), b.pipe_dir.clone()]
+    );
     let MpsState::Running { config, .. } = s.mps_state(0, &b.pipe_dir).unwrap() else {
         panic!("b stopped");
     };
@@ -609,7 +619,10 @@ fn several_mps_daemons_share_a_gpu_in_compute_mode_default_only() {
     // Stopping one leaves the other, and the GPU stays out of MIG mode until both are gone.
     s.stop_mps(0, &a).unwrap();
     assert_eq!(s.mps_state(0, &a.pipe_dir).unwrap(), MpsState::Stopped);
-    assert!(matches!(s.mps_state(0, &b.pipe_dir).unwrap(), MpsState::Running { .. }));
+    assert!(matches!(
+        s.mps_state(0, &b.pipe_dir).unwrap(),
+        MpsState::Running { .. }
+    ));
     assert!(s.set_mig_mode(0, true).is_err());
     s.stop_mps(0, &b).unwrap();
     assert!(s.mps_daemons(0).unwrap().is_empty());

@@ -368,7 +368,9 @@ async fn each_mps_claim_has_its_own_daemon_with_its_limits_and_a_stopped_one_is_
     );
 
     // a's daemon dies (killed, crashed): the check starts it again with a's limits.
-    let a_config = driver.mps_daemon("a", &driver.claims.lock().await.claims["a"].devices[0]).unwrap();
+    let a_config = driver
+        .mps_daemon("a", &driver.claims.lock().await.claims["a"].devices[0])
+        .unwrap();
     node.sim.stop_mps(0, &a_config).unwrap();
     assert_eq!(node.sim.state().gpus[0].mps.len(), 1);
     let running = driver.supervise_mps().await;
