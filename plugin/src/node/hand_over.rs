@@ -91,12 +91,17 @@ impl NodeLoop {
                 }
             });
         }
+        (offers, notes)
+    }
+
+    /// Records the offers the hand-over applied, so a restart during a change fences it
+    /// again instead of applying it at once.
+    pub(super) fn save_offers(&self, gpus: &[tessera_gpu::backend::GpuInfo]) {
         if let Err(e) = self.offer_store.save(self.handover.applied_all(), gpus) {
             warn!(
                 error = &e as &dyn std::error::Error,
                 "cannot record the GPUs' offers; a restart during a change would apply it at once"
             );
         }
-        (offers, notes)
     }
 }

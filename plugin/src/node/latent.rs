@@ -18,7 +18,7 @@ impl NodeLoop {
     /// [`crate::latent`]) and keeps a GPU that serves such claims in their shape, whatever
     /// the spec says, until they end (the operator follows it into the spec). Returns the
     /// verdicts to report once the pass has published.
-    pub(super) async fn switch_for_latent(
+    pub(super) fn switch_for_latent(
         &mut self,
         gpus: &[tessera_gpu::backend::GpuInfo],
         layouts: &BTreeMap<u32, tessera_gpu::catalog::MigLayout>,

@@ -2,20 +2,40 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use tessera_gpu::backend::MigInstance;
+use tessera_api::GpuNode;
+use tessera_gpu::{Occupancy, backend::MigInstance};
 use tracing::warn;
 
 use super::{Error, NodeLoop};
 use crate::{
+    binding_report::Verdict,
     checkpoint::Checkpoint,
-    driver::{self},
-    slices::{self, DesiredPool, GpuView},
+    driver::{self, GpuWant, HoldReport},
+    latent::LatentClaim,
+    slices::{self, DesiredPool, GpuView, publish},
+    state::NodeGpus,
     status::{self, StatusInput},
 };
 
 impl NodeLoop {
-    /// One pass: resolve offers, publish slices, update health and status.
+    /// One pass: observe → plan → apply → report. Each pass rebuilds what it publishes
+    /// from scratch. Returns the pool it published.
     pub async fn sync_once(&mut self) -> Result<DesiredPool, Error> {
+        let seen = self.observe().await?;
+        let plan = self.plan(&seen);
+        // Apply: what the GPUs hold ahead of claims comes first, and the devices published
+        // are the instances this leaves, so the hardware is read again after it.
+        let holding = self.hold(&seen, &plan).await;
+        let gpus = self.observe_gpus(plan.offers.clone()).await?;
+        let (pool, published) = self.publish(&gpus, &plan).await?;
+        self.report(&seen, plan, &gpus, holding, &pool, &published)
+            .await?;
+        Ok(pool)
+    }
+
+    /// Reads what the pass decides from: the GpuNode (created when missing), the hardware,
+    /// and who holds each GPU.
+    async fn observe(&mut self) -> Result<Observed, Error> {
         let gpunode = match self.gpunode.clone() {
             Some(g) => g,
             None => {
@@ -27,46 +47,60 @@ impl NodeLoop {
             }
         };
         // Offers and status follow the hardware's MIG mode now, not the start-up snapshot.
-        let hw = &self.state.current().await;
+        let hw = self.state.current().await;
+        let users = self.users().await;
+        Ok(Observed { gpunode, hw, users })
+    }
+
+    /// Decides each GPU's offer: what the spec asks of the hardware, the latent switches
+    /// the scheduler's allocations call for, and each GPU's step in the hand-over.
+    fn plan(&mut self, seen: &Observed) -> Plan {
+        let (hw, spec) = (&seen.hw, &seen.gpunode.spec);
         let (mut offers, warnings) = slices::resolve_offers(
             &hw.gpus,
             |g| hw.layouts.get(&g.index),
-            Some(&gpunode.spec),
+            Some(spec),
             self.default_strategy,
         );
-        let users = self.users().await;
-        let verdicts = self
-            .switch_for_latent(&hw.gpus, &hw.layouts, &gpunode.spec, &mut offers, &users)
-            .await;
-        let (offers, handover_notes) = self.hand_over(&hw.gpus, offers, &users);
+        let verdicts =
+            self.switch_for_latent(&hw.gpus, &hw.layouts, spec, &mut offers, &seen.users);
+        let (offers, notes) = self.hand_over(&hw.gpus, offers, &seen.users);
+        // After the hand-over: a GPU it switched offers other latent shapes than before.
         let latent = slices::latent_offers(
             &hw.gpus,
             |g| hw.layouts.get(&g.index),
-            Some(&gpunode.spec),
+            Some(spec),
             |i| self.handover.applied(i).cloned(),
         );
         self.latent_published = latent.iter().any(|l| !l.is_empty());
-        // What the GPUs hold ahead of claims comes first: the devices published below are
-        // the instances this leaves.
-        let mut holding = self
-            .keeper
-            .hold(&driver::wants(
-                hw,
-                &offers,
-                Some(&gpunode.spec),
-                &users.allocated,
-            ))
-            .await;
-        for (gpu, note) in handover_notes {
-            holding.incomplete.entry(gpu).or_insert(note);
+        let wants = driver::wants(hw, &offers, Some(spec), &seen.users.allocated);
+        Plan {
+            offers,
+            warnings,
+            verdicts,
+            notes,
+            latent,
+            wants,
         }
-        let hw = &self.state.current().await;
-        if warnings != self.last_warnings {
-            for w in &warnings {
-                warn!(node = %self.state.node(), "{w}");
-            }
-            self.last_warnings.clone_from(&warnings);
+    }
+
+    /// Records the offers applied and has the keeper make what the GPUs hold ahead of
+    /// claims (static layouts, MIG modes).
+    async fn hold(&mut self, seen: &Observed, plan: &Plan) -> HoldReport {
+        self.save_offers(&seen.hw.gpus);
+        let mut holding = self.keeper.hold(&plan.wants).await;
+        for (gpu, note) in &plan.notes {
+            holding
+                .incomplete
+                .entry(*gpu)
+                .or_insert_with(|| note.clone());
         }
+        holding
+    }
+
+    /// Reads the hardware as the keeper left it, and what of it the checkpoint knows.
+    async fn observe_gpus(&mut self, offers: Vec<slices::GpuOffer>) -> Result<Gpus, Error> {
+        let hw = self.state.current().await;
         // The checkpoint before the hardware: a prepare records its claim before it makes
         // the instance, so every instance read afterwards that no record owns is foreign.
         let checkpoint = self.state.claims().snapshot().await;
@@ -81,20 +115,40 @@ impl NodeLoop {
                 blocked.insert(*gpu, full.clone());
             }
         }
-        let unavailable = foreign_notes(&foreign);
         let mps_running = self.mps_running(&offers).await;
+        Ok(Gpus {
+            hw,
+            checkpoint,
+            live: live.by_gpu,
+            offers,
+            occupancy,
+            blocked,
+            rejected,
+            unavailable: foreign_notes(&foreign),
+            mps_running,
+        })
+    }
+
+    /// Builds the pool from the GPUs as they are, taints it, tells the kubelet each
+    /// device's health and publishes the slices.
+    async fn publish(
+        &mut self,
+        gpus: &Gpus,
+        plan: &Plan,
+    ) -> Result<(DesiredPool, publish::Outcome), Error> {
         let empty = tessera_gpu::Occupancy::default();
-        let views: Vec<GpuView<'_>> = hw
+        let views: Vec<GpuView<'_>> = gpus
+            .hw
             .gpus
             .iter()
-            .zip(&offers)
-            .zip(&latent)
+            .zip(&gpus.offers)
+            .zip(&plan.latent)
             .map(|((info, offer), latent)| GpuView {
                 info,
-                layout: hw.layouts.get(&info.index),
+                layout: gpus.hw.layouts.get(&info.index),
                 offer,
-                occupancy: occupancy.get(&info.index).unwrap_or(&empty),
-                blocked: blocked.get(&info.index).unwrap_or(&empty),
+                occupancy: gpus.occupancy.get(&info.index).unwrap_or(&empty),
+                blocked: gpus.blocked.get(&info.index).unwrap_or(&empty),
                 latent,
             })
             .collect();
@@ -111,47 +165,65 @@ impl NodeLoop {
         let outcome = outcome?;
         self.last_generation = outcome.generation;
         self.slice_count = pool.slice_count();
+        Ok((pool, outcome))
+    }
+
+    /// Writes the latent verdicts, the device gauges and the GpuNode's status.
+    async fn report(
+        &mut self,
+        seen: &Observed,
+        plan: Plan,
+        gpus: &Gpus,
+        holding: HoldReport,
+        pool: &DesiredPool,
+        published: &publish::Outcome,
+    ) -> Result<(), Error> {
         // Only once the switched GPU's devices are published: the pod the scheduler then
         // binds finds them at prepare.
-        self.report_latent(verdicts).await;
-        self.count_devices(&pool, &checkpoint);
-
-        let geometry: Vec<String> = rejected.into_values().collect();
+        self.report_latent(plan.verdicts).await;
+        self.count_devices(pool, &gpus.checkpoint);
+        if plan.warnings != self.last_warnings {
+            for w in &plan.warnings {
+                warn!(node = %self.state.node(), "{w}");
+            }
+            self.last_warnings.clone_from(&plan.warnings);
+        }
+        let geometry: Vec<String> = gpus.rejected.values().cloned().collect();
         for g in &geometry {
             warn!(node = %self.state.node(), "{g}");
         }
         let mut problems = Vec::new();
-        if !outcome.dropped_fields.is_empty() {
+        if !published.dropped_fields.is_empty() {
             problems.push(format!(
                 "the API server dropped {} from the ResourceSlices: enable the DRA feature gates (DRAPartitionableDevices, DRAConsumableCapacity, DRADeviceTaints) on kube-apiserver and kube-scheduler",
-                outcome.dropped_fields.join(", ")
+                published.dropped_fields.join(", ")
             ));
         }
         // Our own last write is newer than the watched object until the watch catches up.
         let previous = self
             .status
             .last_conditions()
-            .or_else(|| gpunode.status.as_ref().map(|s| s.conditions.clone()))
+            .or_else(|| seen.gpunode.status.as_ref().map(|s| s.conditions.clone()))
             .unwrap_or_default();
         let st = status::compute(
             &StatusInput {
-                hw,
-                live: &live.by_gpu,
-                checkpoint: &checkpoint,
-                offers: &offers,
+                hw: &gpus.hw,
+                live: &gpus.live,
+                checkpoint: &gpus.checkpoint,
+                offers: &gpus.offers,
                 health: &self.health,
-                mps_running: &mps_running,
-                observed_generation: gpunode.metadata.generation,
+                mps_running: &gpus.mps_running,
+                observed_generation: seen.gpunode.metadata.generation,
                 problems: &problems,
-                config_warnings: &warnings,
-                unavailable: &unavailable,
+                config_warnings: &plan.warnings,
+                unavailable: &gpus.unavailable,
                 geometry: &geometry,
                 holding: &holding,
             },
             &previous,
         );
         self.status.write(st).await.map_err(Error::GpuNode)?;
-        Ok(pool)
+        Ok(())
     }
 
     /// Whether each MPS GPU's control daemon runs, as the backend says.
@@ -248,6 +320,51 @@ impl NodeLoop {
         }
         self.metrics.set_prepared(&prepared);
     }
+}
+
+/// What a pass reads before it decides.
+struct Observed {
+    /// The node's GpuNode: the spec to follow, the status last written.
+    gpunode: GpuNode,
+    /// The GPUs as the pass starts.
+    hw: NodeGpus,
+    /// Who holds each GPU.
+    users: GpuUsers,
+}
+
+/// What a pass decided.
+struct Plan {
+    /// Each GPU's offer, in the order of the GPUs.
+    offers: Vec<slices::GpuOffer>,
+    /// What of the spec cannot be followed.
+    warnings: Vec<String>,
+    /// The latent claims' verdicts, written once the pass has published.
+    verdicts: Vec<(LatentClaim, Verdict)>,
+    /// Per GPU, what holds its change back in the hand-over.
+    notes: BTreeMap<u32, String>,
+    /// Each GPU's latent offers, in the order of the GPUs.
+    latent: Vec<Vec<slices::GpuOffer>>,
+    /// What each GPU should hold ahead of claims.
+    wants: BTreeMap<u32, GpuWant>,
+}
+
+/// The GPUs as the keeper left them.
+struct Gpus {
+    hw: NodeGpus,
+    checkpoint: Checkpoint,
+    /// The MIG instances each GPU holds.
+    live: BTreeMap<u32, Vec<MigInstance>>,
+    /// Each GPU's offer, less the placements of a static layout not made yet.
+    offers: Vec<slices::GpuOffer>,
+    occupancy: BTreeMap<u32, Occupancy>,
+    /// What instances Tessera did not make (or a geometry it refused) take away.
+    blocked: BTreeMap<u32, Occupancy>,
+    /// GPUs whose instances do not fit their geometry, with why.
+    rejected: BTreeMap<u32, String>,
+    /// What foreign instances cut down, for the status.
+    unavailable: Vec<String>,
+    /// Whether each MPS GPU's control daemon runs.
+    mps_running: BTreeMap<u32, bool>,
 }
 
 /// Who holds each GPU of the node, as one pass reads it.
