@@ -44,7 +44,7 @@ impl NodeLoop {
             .save(&self.health, &self.state.gpus().gpus)
         {
             warn!(
-                error = &e as &dyn std::error::Error,
+                error = %crate::error_chain(&e),
                 "cannot record the GPUs' health; a restart would forget a fault"
             );
         }
@@ -105,6 +105,8 @@ impl NodeLoop {
         let _ = self.health_tx.send(entries);
     }
 
+    /// Records a fault the backend reported; whether it changed the GPU's health (a
+    /// non-fatal XID does not).
     pub(super) fn on_health_event(&mut self, ev: HealthEvent) -> bool {
         let (healthy, message) = match ev.kind {
             HealthEventKind::Xid { code, fatal: true } => (false, format!("xid-{code}")),

@@ -65,12 +65,19 @@ impl NodeLoop {
             };
             self.metrics.ready.set(i64::from(ready.is_ok()));
             let _ = self.ready_tx.send(ready);
-            let retry = tokio::time::sleep(if result.is_err() {
-                backoff
+            // A failed pass is retried after its backoff; a fence's settle time ends
+            // without any event. Otherwise the resync tick is the only timer.
+            let retry = if result.is_err() {
+                Some(backoff)
             } else {
-                // A fence's settle time ends without any event.
-                self.recheck.unwrap_or(RESYNC * 10)
-            });
+                self.recheck
+            };
+            let retry = async move {
+                match retry {
+                    Some(after) => tokio::time::sleep(after).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::pin!(retry);
             // Wait for something that calls for a pass.
             loop {
@@ -107,8 +114,13 @@ impl NodeLoop {
                         }
                     }
                     ev = health_events.recv() => {
-                        if let Ok(ev) = ev {
-                            self.on_health_event(ev);
+                        // A fault calls for a pass (taints, health stream, status); a
+                        // non-fatal XID changes nothing. Events lost to lag are read back
+                        // by the pass.
+                        if let Ok(ev) = ev
+                            && !self.on_health_event(ev)
+                        {
+                            continue;
                         }
                         break;
                     }
@@ -144,7 +156,7 @@ impl NodeLoop {
             // watch and the next resync try again.
             Err(e) => {
                 warn!(
-                    error = &e as &dyn std::error::Error,
+                    error = %crate::error_chain(&e),
                     "cannot list this node's ResourceSlices to check them"
                 );
                 true
@@ -183,7 +195,7 @@ impl NodeLoop {
                 && listed.len() != self.slice_count)
                 .then_some("the slice watch re-listed a different set of slices"),
             Err(e) => {
-                warn!(error = %e, "watching this node's ResourceSlices failed; retrying");
+                warn!(error = %crate::error_chain(&e), "watching this node's ResourceSlices failed; retrying");
                 None
             }
         }
@@ -224,7 +236,7 @@ impl NodeLoop {
                 }
             }
             Err(e) => {
-                warn!(error = %e, "watching this node's GpuNode failed; retrying");
+                warn!(error = %crate::error_chain(&e), "watching this node's GpuNode failed; retrying");
                 false
             }
         }
