@@ -199,7 +199,7 @@ impl Events {
     /// Publishes `event` about `object`.
     pub async fn publish(&self, event: &Event, object: &ObjectReference) {
         if let Err(e) = self.recorder.publish(event, object).await {
-            debug!(error = %e, reason = %event.reason, "could not publish an event");
+            debug!(error = %tessera_kit::error_chain(&e), reason = %event.reason, "could not publish an event");
         }
     }
 

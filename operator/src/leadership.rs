@@ -141,7 +141,7 @@ pub fn watch_lease(
     tokio::spawn(stream.for_each(move |ev| {
         match ev {
             Ok(_) => changed.notify_one(),
-            Err(e) => warn!(error = %e, "Lease watch failed; retrying"),
+            Err(e) => warn!(error = %tessera_kit::error_chain(&e), "Lease watch failed; retrying"),
         }
         std::future::ready(())
     }));

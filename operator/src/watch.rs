@@ -86,7 +86,7 @@ where
         tokio::spawn(stream.for_each(move |ev| {
             match ev {
                 Ok(_) => changed.notify_one(),
-                Err(e) => warn!(error = %e, "watch failed; retrying"),
+                Err(e) => warn!(error = %tessera_kit::error_chain(&e), "watch failed; retrying"),
             }
             std::future::ready(())
         }));

@@ -84,7 +84,7 @@ fn take(path: &Path, point: &str) -> bool {
     let mut control: Control = match serde_json::from_str(&text) {
         Ok(c) => c,
         Err(e) => {
-            warn!(control = %path.display(), error = %e, "unreadable crash-point control file; ignored");
+            warn!(control = %path.display(), error = %crate::error_chain(&e), "unreadable crash-point control file; ignored");
             return false;
         }
     };
@@ -94,7 +94,7 @@ fn take(path: &Path, point: &str) -> bool {
     control.abort_after.remove(i);
     if let Err(e) = write_back(path, &control) {
         // Aborting anyway would abort again at the same point after the restart.
-        warn!(control = %path.display(), error = %e, "could not take the crash point off the control file; not aborting");
+        warn!(control = %path.display(), error = %crate::error_chain(&e), "could not take the crash point off the control file; not aborting");
         return false;
     }
     true

@@ -99,7 +99,7 @@ impl NodeLoop {
     pub(super) fn save_offers(&self, gpus: &[tessera_gpu::backend::GpuInfo]) {
         if let Err(e) = self.offer_store.save(self.handover.applied_all(), gpus) {
             warn!(
-                error = &e as &dyn std::error::Error,
+                error = %crate::error_chain(&e),
                 "cannot record the GPUs' offers; a restart during a change would apply it at once"
             );
         }

@@ -137,7 +137,7 @@ impl NodeLoop {
                 }
                 Err(e) => warn!(
                     claim = %c.key(),
-                    error = &e as &dyn std::error::Error,
+                    error = %crate::error_chain(&e),
                     "cannot write the binding condition; the next pass tries again"
                 ),
             }

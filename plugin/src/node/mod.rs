@@ -178,7 +178,7 @@ impl NodeLoop {
         // Faults seen before a restart still hold (see `health_store`).
         let health = health_store.load(&state.gpus().gpus).unwrap_or_else(|e| {
             warn!(
-                error = &e as &dyn std::error::Error,
+                error = %crate::error_chain(&e),
                 "cannot read the recorded GPU faults; starting from healthy"
             );
             BTreeMap::new()
