@@ -13,7 +13,6 @@
 
 use std::{
     fs,
-    io::Write,
     path::{Path, PathBuf},
     sync::OnceLock,
 };
@@ -101,12 +100,9 @@ fn take(path: &Path, point: &str) -> bool {
 }
 
 fn write_back(path: &Path, control: &Control) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let mut f = fs::File::create(&tmp)?;
-    f.write_all(&serde_json::to_vec(control).map_err(std::io::Error::other)?)?;
-    f.sync_all()?;
-    drop(f);
-    fs::rename(&tmp, path)
+    let bytes = serde_json::to_vec(control).map_err(std::io::Error::other)?;
+    crate::atomic_file::write(path, &bytes, crate::atomic_file::Durability::Synced)
+        .map_err(std::io::Error::other)
 }
 
 #[cfg(test)]
