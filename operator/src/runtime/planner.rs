@@ -246,3 +246,148 @@ fn spec_writes(snapshot: &Snapshot, resolution: &Resolution) -> Vec<SpecWrite> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use tessera_api::{gpunode::GpuConfig, policy::SharingStrategy};
+
+    use super::*;
+    use crate::resolve::NodeView;
+
+    fn observed() -> Observed {
+        Observed {
+            supply: Default::default(),
+            rooms: Default::default(),
+            demand: Demand::default(),
+            gpunodes: BTreeMap::new(),
+            policies: BTreeMap::new(),
+        }
+    }
+
+    fn spec(strategy: SharingStrategy) -> GpuNodeSpec {
+        GpuNodeSpec {
+            gpus: vec![GpuConfig {
+                index: 0,
+                uuid: None,
+                strategy,
+                policy: Some("p".into()),
+                mig: None,
+                mps: None,
+                time_slicing: None,
+                allow_gpu_reset: false,
+                alternatives: Vec::new(),
+            }],
+        }
+    }
+
+    fn decisions(
+        moves: Vec<adaptive::Change>,
+        ended: Vec<(GpuKey, Transition, transitions::Outcome)>,
+    ) -> Decisions {
+        Decisions {
+            snapshot: Snapshot::default(),
+            resolution: Resolution::default(),
+            moves,
+            ended,
+            gate: Gate::Plan,
+            unservable: None,
+            cooling_ends: None,
+            writes: Vec::new(),
+        }
+    }
+
+    fn change(node: &str, from: SharingStrategy, to: SharingStrategy) -> adaptive::Change {
+        adaptive::Change {
+            node: node.into(),
+            gpu: 0,
+            policy: "p".into(),
+            from,
+            to,
+            claims: 1,
+        }
+    }
+
+    #[test]
+    fn an_empty_cluster_plans_and_writes_nothing() {
+        let mut planner = Planner::new(Duration::ZERO);
+        let plan = planner.plan(&observed(), Snapshot::default());
+        assert!(plan.writes.is_empty() && plan.moves.is_empty() && plan.ended.is_empty());
+        assert_eq!(planner.recheck(&Demand::default(), &plan), None);
+    }
+
+    #[test]
+    fn only_specs_that_differ_from_the_current_ones_are_written() {
+        let mut snapshot = Snapshot::default();
+        for (name, strategy) in [
+            ("same", SharingStrategy::Mps),
+            ("moved", SharingStrategy::Mps),
+        ] {
+            snapshot.nodes.insert(
+                name.into(),
+                NodeView {
+                    spec: spec(strategy),
+                    ..NodeView::default()
+                },
+            );
+        }
+        let mut resolution = Resolution::default();
+        resolution
+            .specs
+            .insert("same".into(), spec(SharingStrategy::Mps));
+        resolution
+            .specs
+            .insert("moved".into(), spec(SharingStrategy::Exclusive));
+        // A spec for a GpuNode the snapshot does not hold has nothing to replace.
+        resolution
+            .specs
+            .insert("gone".into(), spec(SharingStrategy::Exclusive));
+        let writes = spec_writes(&snapshot, &resolution);
+        assert_eq!(writes.len(), 1);
+        assert_eq!(writes[0].node, "moved");
+        assert_eq!(writes[0].before, spec(SharingStrategy::Mps));
+        assert_eq!(writes[0].spec, spec(SharingStrategy::Exclusive));
+    }
+
+    #[test]
+    fn a_move_is_remembered_only_once_its_spec_is_written_and_its_end_fills_in_its_entry() {
+        use SharingStrategy::{Mig, Mps};
+        let mut planner = Planner::new(Duration::ZERO);
+        let first = decisions(
+            vec![change("a", Mps, Mig), change("b", Mps, Mig)],
+            Vec::new(),
+        );
+        planner.record(&first, &BTreeSet::from(["a".to_string()]));
+        assert_eq!(planner.in_flight(), 1, "b's spec was not written");
+        let listed = planner.last_changes("p");
+        assert_eq!(listed.len(), 1);
+        assert_eq!(
+            (listed[0].gpu.as_str(), listed[0].result.as_deref()),
+            ("a/0", None)
+        );
+
+        // In one pass the move ends and the GPU moves back: the result goes on the
+        // older entry, the new one is listed first without one.
+        let ended = (
+            ("a".to_string(), 0),
+            Transition {
+                policy: "p".into(),
+                from: Mps,
+                to: Mig,
+                started: Instant::now(),
+            },
+            transitions::Outcome::Applied(Duration::from_millis(1234)),
+        );
+        let second = decisions(vec![change("a", Mig, Mps)], vec![ended]);
+        planner.record(&second, &BTreeSet::from(["a".to_string()]));
+        let listed = planner.last_changes("p");
+        assert_eq!(listed.len(), 2);
+        assert_eq!(
+            (listed[0].from, listed[0].to, listed[0].result.as_deref()),
+            (Mig, Mps, None)
+        );
+        assert_eq!(
+            (listed[1].result.as_deref(), listed[1].seconds),
+            (Some("Applied"), Some(1.2))
+        );
+    }
+}
