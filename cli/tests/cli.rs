@@ -1,7 +1,10 @@
 //! Runs the built `kubectl-tessera` binary.
 
 // Test fixtures outside #[test] functions panic on purpose: a failed setup step is a failed test.
-#![allow(clippy::unwrap_used)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test fails loudly on the first unexpected error"
+)]
 
 use std::process::Command;
 

@@ -212,11 +212,6 @@ fn quantile(v: &[f64], q: f64) -> f64 {
     }
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
-    #[allow(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss
-    )]
     let rank = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len());
     s[rank - 1]
 }

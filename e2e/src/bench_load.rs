@@ -81,7 +81,6 @@ pub struct Report {
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        #[allow(clippy::cast_precision_loss)]
         let per = |n: u64| n as f64 / self.claims as f64;
         writeln!(
             f,
@@ -336,7 +335,6 @@ async fn writes(client: &Client) -> anyhow::Result<BTreeMap<String, u64>> {
             .and_then(|v| v.parse::<f64>().ok())
             .unwrap_or(0.0);
         // Counts well below 2^53: the cast is exact.
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         {
             *out.entry(key).or_insert(0) += value as u64;
         }

@@ -7,7 +7,10 @@
 //! allocation on the old shape that races a latent one wins.
 
 // Tests fail loudly on the first unexpected error.
-#![allow(clippy::unwrap_used)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test fails loudly on the first unexpected error"
+)]
 
 use std::time::Duration;
 

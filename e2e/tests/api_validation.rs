@@ -2,7 +2,10 @@
 //! accepted, and invalid policies are refused with a message that says what to fix.
 
 // Test fixtures outside #[test] functions panic on purpose: a failed setup step is a failed test.
-#![allow(clippy::unwrap_used)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test fails loudly on the first unexpected error"
+)]
 
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::{

@@ -6,7 +6,10 @@
 //! (the README's *Why the reactive planner* cites it).
 
 // Test fixtures outside #[test] functions panic on purpose: a failed setup step is a failed test.
-#![allow(clippy::unwrap_used)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test fails loudly on the first unexpected error"
+)]
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,10 @@
 //! process behind.
 
 // Test fixtures outside #[test] functions panic on purpose: a failed setup step is a failed test.
-#![allow(clippy::unwrap_used)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test fails loudly on the first unexpected error"
+)]
 
 use tessera_e2e::{BinDir, ControlPlane, ControlPlaneOptions};
 

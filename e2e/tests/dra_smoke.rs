@@ -2,7 +2,10 @@
 //! exclusive, exactly the mechanism Tessera's dynamic MIG relies on.
 
 // Test fixtures outside #[test] functions panic on purpose: a failed setup step is a failed test.
-#![allow(clippy::unwrap_used)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test fails loudly on the first unexpected error"
+)]
 
 use std::time::Duration;
 

@@ -10,7 +10,10 @@
 //! controlplane build`); kustomize is the one inside the suite's kubectl.
 
 // Tests fail loudly on the first unexpected error.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test fails loudly on the first unexpected error"
+)]
 
 use std::{
     collections::{BTreeMap, BTreeSet},

@@ -4,7 +4,10 @@
 //! and turning the plugin's health stream into `allocatedResourcesStatus`.
 
 // Test fixtures outside #[test] functions panic on purpose: a failed setup step is a failed test.
-#![allow(clippy::unwrap_used)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test fails loudly on the first unexpected error"
+)]
 
 use std::{collections::BTreeSet, time::Duration};
 

@@ -3,7 +3,10 @@
 //! conflicts fail closed, a shape change waits for its claims, and only the leader writes.
 
 // Tests fail loudly on the first unexpected error.
-#![allow(clippy::unwrap_used)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test fails loudly on the first unexpected error"
+)]
 
 use std::time::Duration;
 

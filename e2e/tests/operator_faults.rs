@@ -3,7 +3,10 @@
 //! its plugin would write it (no plugin process: these tests are about the operator).
 
 // Tests fail loudly on the first unexpected error.
-#![allow(clippy::unwrap_used)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test fails loudly on the first unexpected error"
+)]
 
 use std::time::{Duration, SystemTime};
 

@@ -13,7 +13,10 @@
 //! the test, naming the pod.
 
 // Test fixtures outside #[test] functions panic on purpose: a failed setup step is a failed test.
-#![allow(clippy::unwrap_used)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test fails loudly on the first unexpected error"
+)]
 
 use std::{
     collections::{BTreeMap, BTreeSet},

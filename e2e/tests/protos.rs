@@ -4,7 +4,10 @@
 //! number, type, label), enums and services. Comments and `go_package` options may differ.
 
 // Test fixtures outside #[test] functions panic on purpose: a failed setup step is a failed test.
-#![allow(clippy::unwrap_used)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test fails loudly on the first unexpected error"
+)]
 
 use std::{collections::BTreeMap, path::PathBuf, process::Command};
 

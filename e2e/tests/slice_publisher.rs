@@ -3,7 +3,10 @@
 //! stale resourceVersion, and the pool must stay whole under one generation.
 
 // Test fixtures outside #[test] functions panic on purpose: a failed setup step is a failed test.
-#![allow(clippy::unwrap_used)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test fails loudly on the first unexpected error"
+)]
 
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceSlice};
 use kube::{

@@ -6,7 +6,7 @@
 //! id and slice counts; names are marketing labels that change with board memory
 //! (see `gpu-hardware.md` §1), so code must never map names by prefix.
 //!
-//! Sources for every figure are in `/work/shared/reference/gpu-hardware.md` §2; a figure
+//! Sources for every figure are in `../shared/reference/gpu-hardware.md` §2 (from the repository root); a figure
 //! not confirmed by a primary source or a real capture is marked "unverified" next to it.
 //! The tables themselves are in the `models` submodule.
 

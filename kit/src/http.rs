@@ -46,7 +46,7 @@ pub async fn serve<M: Render>(
             let (stream, _) = match listener.accept().await {
                 Ok(s) => s,
                 Err(e) => {
-                    warn!(error = %e, "metrics endpoint: accept failed");
+                    warn!(error = %crate::error_chain(&e), "metrics endpoint: accept failed");
                     continue;
                 }
             };
@@ -58,7 +58,7 @@ pub async fn serve<M: Render>(
                     .serve_connection(TokioIo::new(stream), svc)
                     .await
                 {
-                    debug!(error = %e, "metrics endpoint: connection ended");
+                    debug!(error = %crate::error_chain(&e), "metrics endpoint: connection ended");
                 }
             });
         }

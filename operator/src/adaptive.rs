@@ -44,7 +44,7 @@ use tessera_api::{
 
 use crate::{
     demand::{Demand, Shape},
-    resolve::{Resolution, Snapshot},
+    resolve::{self, Resolution, Snapshot},
     room::{Ledger, Rooms},
 };
 
@@ -414,17 +414,11 @@ fn gpu_state<'s>(snapshot: &'s Snapshot, node: &str, index: u32) -> Option<&'s G
         .find(|g| g.index == index)
 }
 
-/// Whether the GPU's model enters and leaves MIG only with a reset (A100, A30).
-fn toggle_resets(gpu: &GpuState) -> bool {
-    tessera_gpu::find_model(&gpu.product_name)
-        .is_ok_and(|m| !m.architecture.mig_toggle_without_reset())
-}
-
 /// Whether moving the GPU to `strategy` takes a GPU reset: an A100 or A30 entering or
 /// leaving MIG.
 fn needs_reset(snapshot: &Snapshot, node: &str, index: u32, strategy: SharingStrategy) -> bool {
     gpu_state(snapshot, node, index).is_some_and(|gpu| {
-        toggle_resets(gpu) && gpu.mig_enabled != (strategy == SharingStrategy::Mig)
+        resolve::toggle_resets(gpu) && gpu.mig_enabled != (strategy == SharingStrategy::Mig)
     })
 }
 
@@ -438,19 +432,8 @@ fn can_take(
     strategy: SharingStrategy,
     allow_reset: bool,
 ) -> bool {
-    gpu_state(snapshot, node, index).is_some_and(|gpu| gpu_can_take(gpu, strategy, allow_reset))
-}
-
-/// [`can_take`] for a GPU in hand.
-pub(crate) fn gpu_can_take(gpu: &GpuState, strategy: SharingStrategy, allow_reset: bool) -> bool {
-    if gpu.health == GpuHealth::Unhealthy {
-        return false;
-    }
-    let resets = toggle_resets(gpu);
-    match strategy {
-        SharingStrategy::Mig => gpu.mig_capable && (gpu.mig_enabled || !resets || allow_reset),
-        _ => !(gpu.mig_enabled && resets) || allow_reset,
-    }
+    gpu_state(snapshot, node, index)
+        .is_some_and(|gpu| resolve::gpu_can_take(gpu, strategy, allow_reset))
 }
 
 #[cfg(test)]

@@ -69,7 +69,8 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
         .leader_election_identity
         .clone()
         .unwrap_or_else(default_identity);
-    let (leadership, _lease_task) = if args.leader_elect {
+    // Held while the loop runs; the Lease watch stops when they are dropped.
+    let (leadership, _lease_tasks) = if args.leader_elect {
         let lease_error = |source| Error::Lease {
             namespace: args.leader_election_namespace.clone(),
             name: args.leader_election_lease.clone(),
@@ -88,7 +89,7 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
             .map_err(lease_error)?;
         info!(%identity, lease = %args.leader_election_lease, namespace = %args.leader_election_namespace, "leader election on");
         let (rx, task) = manager.watch().await;
-        let lease = leadership::watch_lease(
+        let (lease, lease_watch) = leadership::watch_lease(
             &client,
             &args.leader_election_namespace,
             &args.leader_election_lease,
@@ -104,7 +105,7 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
             // unrenewed, before any other replica may take the Lease.
             Duration::from_secs(duration) / 6,
         );
-        (leadership, Some(task))
+        (leadership, Some((task, lease_watch)))
     } else {
         (Leadership::always(), None)
     };

@@ -414,21 +414,6 @@ pub struct Demand {
 }
 
 impl Demand {
-    /// Leaves the claims the free devices of `supply` hold, where `rooms` says their
-    /// pods could run, to the scheduler: what stays in `pending` is unmet.
-    pub fn without_placeable(
-        mut self,
-        supply: &crate::usage::Supply,
-        rooms: &crate::room::Rooms,
-    ) -> Self {
-        self.placeable = crate::free::placeable(&self, supply, rooms);
-        let placeable = &self.placeable;
-        self.pending.retain(|k, _| !placeable.contains(k));
-        self
-    }
-}
-
-impl Demand {
     /// Devices and claims per shape, each request counted under its first alternative
     /// that `offers` accepts (every shape, for the cluster's own figure).
     pub fn by_shape(&self, offers: impl Fn(&Shape) -> bool) -> BTreeMap<Shape, (u32, u32)> {

@@ -1,7 +1,9 @@
 //! Events (events.k8s.io) for the decisions a person wants to see in `kubectl describe`:
 //! a policy's condition turning on (conflict, infeasible configuration, waiting for claims,
-//! drain timeout) and a GPU reconfigured. Which events a change makes is pure; publishing
-//! them (deduplicated into series by kube's `Recorder`) is the runtime's.
+//! drain timeout), a GPU reconfigured, an adaptive move started or held back, a waiting
+//! claim Tessera cannot model or serve. Every event the operator publishes is built here,
+//! by pure functions; publishing them (deduplicated into series by kube's `Recorder`) is
+//! the runtime's.
 
 use std::collections::BTreeMap;
 
@@ -11,7 +13,10 @@ use kube::{
     runtime::events::{Event, EventType, Recorder, Reporter},
 };
 use tessera_api::{
-    GpuNodeSpec, conditions::types, gpunode::GpuConfig, policy::GpuSharingPolicyStatus,
+    GpuNodeSpec,
+    conditions::types,
+    gpunode::GpuConfig,
+    policy::{GpuSharingPolicyStatus, SharingStrategy},
 };
 use tracing::debug;
 
@@ -88,6 +93,90 @@ pub fn spec_changes(before: &GpuNodeSpec, after: &GpuNodeSpec) -> Vec<String> {
     out
 }
 
+/// An adaptive move started: `gpu` of `node` goes `from` → `to` for `claims` waiting
+/// claims of `policy`. Told to the GpuNode and the waiting pods.
+pub fn adaptive_switch(
+    node: &str,
+    gpu: u32,
+    from: SharingStrategy,
+    to: SharingStrategy,
+    claims: u32,
+    policy: &str,
+) -> Event {
+    Event {
+        type_: EventType::Normal,
+        reason: "AdaptiveSwitch".into(),
+        note: Some(format!(
+            "GPU {gpu} of node {node} switching from {} to {} for {claims} pending claim(s) (policy {policy})",
+            from.as_str(),
+            to.as_str(),
+        )),
+        action: "Reshape".into(),
+        secondary: None,
+    }
+}
+
+/// An adaptive move ended held back: `claims` were allocated on the GPU while it was
+/// switching, so it stays `from`.
+pub fn adaptive_switch_held_back(
+    node: &str,
+    gpu: u32,
+    from: SharingStrategy,
+    to: SharingStrategy,
+    claims: &[String],
+) -> Event {
+    Event {
+        type_: EventType::Normal,
+        reason: "AdaptiveSwitchHeldBack".into(),
+        note: Some(format!(
+            "GPU {gpu} of node {node} stays {}: claim(s) {} were allocated on it while it was switching to {}; planning again with the idle GPUs",
+            from.as_str(),
+            claims.join(", "),
+            to.as_str()
+        )),
+        action: "Reshape".into(),
+        secondary: None,
+    }
+}
+
+/// A waiting claim asks Tessera's DeviceClasses in a form Adaptive policies cannot model.
+pub fn unmodelled_claim(claim: &str, why: &str) -> Event {
+    Event {
+        type_: EventType::Warning,
+        reason: "UnmodelledClaim".into(),
+        note: Some(format!(
+            "claim {claim}: {why}; Adaptive policies never reshape a GPU for a request they cannot model (see the README for the forms they understand)"
+        )),
+        action: "Demand".into(),
+        secondary: None,
+    }
+}
+
+/// No Adaptive policy has a GPU that could offer what a waiting claim asks.
+pub fn unservable_claim(claim: &str, why: &str) -> Event {
+    Event {
+        type_: EventType::Warning,
+        reason: "UnservableClaim".into(),
+        note: Some(format!(
+            "claim {claim}: no Adaptive policy has a GPU that could offer what it asks, so none is moved for it: {why}"
+        )),
+        action: "Demand".into(),
+        secondary: None,
+    }
+}
+
+/// The GpuNode's GPUs changed shape, one line per GPU (see [`spec_changes`]); none when
+/// nothing changed shape.
+pub fn reconfigured(changes: &[String]) -> Option<Event> {
+    (!changes.is_empty()).then(|| Event {
+        type_: EventType::Normal,
+        reason: "Reconfigured".into(),
+        note: Some(changes.join("; ")),
+        action: "Resolve".into(),
+        secondary: None,
+    })
+}
+
 /// Publishes events; failures are logged, never fatal (an event is a courtesy).
 pub struct Events {
     recorder: Recorder,
@@ -110,35 +199,25 @@ impl Events {
     /// Publishes `event` about `object`.
     pub async fn publish(&self, event: &Event, object: &ObjectReference) {
         if let Err(e) = self.recorder.publish(event, object).await {
-            debug!(error = %e, reason = %event.reason, "could not publish an event");
+            debug!(error = %tessera_kit::error_chain(&e), reason = %event.reason, "could not publish an event");
         }
     }
 
     /// Publishes a `Reconfigured` event on a GpuNode for `changes`.
     pub async fn reconfigured(&self, object: &ObjectReference, changes: &[String]) {
-        if changes.is_empty() {
-            return;
+        if let Some(event) = reconfigured(changes) {
+            self.publish(&event, object).await;
         }
-        let event = Event {
-            type_: EventType::Normal,
-            reason: "Reconfigured".into(),
-            note: Some(changes.join("; ")),
-            action: "Resolve".into(),
-            secondary: None,
-        };
-        self.publish(&event, object).await;
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
     use k8s_openapi::{
         apimachinery::pkg::apis::meta::v1::{Condition, Time},
         jiff::Timestamp,
     };
-    use tessera_api::policy::SharingStrategy;
-
-    use super::*;
 
     fn status(conds: &[(&str, &str, &str)]) -> GpuSharingPolicyStatus {
         GpuSharingPolicyStatus {

@@ -316,5 +316,20 @@ fn round_up(v: u64, c: &SharedCapacity) -> u64 {
     v.div_ceil(c.step) * c.step
 }
 
+impl Demand {
+    /// Leaves the claims the free devices of `supply` hold, where `rooms` says their
+    /// pods could run, to the scheduler: what stays in `pending` is unmet.
+    pub fn without_placeable(
+        mut self,
+        supply: &crate::usage::Supply,
+        rooms: &crate::room::Rooms,
+    ) -> Self {
+        self.placeable = placeable(&self, supply, rooms);
+        let placeable = &self.placeable;
+        self.pending.retain(|k, _| !placeable.contains(k));
+        self
+    }
+}
+
 #[cfg(test)]
 mod tests;

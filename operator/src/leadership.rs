@@ -27,6 +27,7 @@ use kube::{
     },
 };
 use tokio::sync::{Notify, watch};
+use tokio_util::task::AbortOnDropHandle;
 use tracing::warn;
 
 /// What this replica's writes wait for.
@@ -127,25 +128,25 @@ pub fn valid_for(
 }
 
 /// Watches Lease `namespace/name`; `changed` is notified on every event (a renewal may
-/// let a replica write again).
+/// let a replica write again). The watch stops when the returned handle is dropped.
 pub fn watch_lease(
     client: &Client,
     namespace: &str,
     name: &str,
     changed: Arc<Notify>,
-) -> Store<Lease> {
+) -> (Store<Lease>, AbortOnDropHandle<()>) {
     let (store, writer) = reflector::store();
     let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let stream = reflector::reflector(writer, watcher(api, config)).default_backoff();
-    tokio::spawn(stream.for_each(move |ev| {
+    let task = tokio::spawn(stream.for_each(move |ev| {
         match ev {
             Ok(_) => changed.notify_one(),
-            Err(e) => warn!(error = %e, "Lease watch failed; retrying"),
+            Err(e) => warn!(error = %tessera_kit::error_chain(&e), "Lease watch failed; retrying"),
         }
         std::future::ready(())
     }));
-    store
+    (store, AbortOnDropHandle::new(task))
 }
 
 #[cfg(test)]

@@ -7,9 +7,9 @@
 //!   MIG layout; [`policy_status`]: what each policy's status says; [`usage`]: what its
 //!   GPUs publish and what claims hold; [`events`]: which decisions become events.
 //! - [`room`]: whether a waiting pod could run on a node, devices aside.
-//! - [`runtime`]: the watch caches ([`watch`]) and the loop that writes what differs
-//!   ([`spec_writes`]: the spec writes it waits to see echoed; [`leadership`]: whether
-//!   this replica may write); [`app`]: the
+//! - [`runtime`]: the watch caches ([`watch`]) and the loop whose pass reads as observe →
+//!   plan → apply → report ([`spec_writes`]: the spec writes it waits to see echoed;
+//!   [`leadership`]: whether this replica may write); [`app`]: the
 //!   wiring [`run`] starts; [`config`], [`metrics`].
 
 pub mod adaptive;

@@ -24,7 +24,7 @@ use std::{
 
 use tessera_api::{
     GpuNodeSpec,
-    gpunode::{GpuConfig, GpuMigConfig, GpuShape, GpuState, PlannedInstance},
+    gpunode::{GpuConfig, GpuHealth, GpuMigConfig, GpuShape, GpuState, PlannedInstance},
     policy::{GpuSharingPolicySpec, MigMode, MigProfileName, SharingStrategy},
 };
 use tessera_gpu::{Placement, find_model};
@@ -443,7 +443,7 @@ fn alternatives(policy: &PolicyView, gpu: &GpuState, current: SharingStrategy) -
         .strategies
         .iter()
         .filter(|s| **s != current)
-        .filter(|s| crate::adaptive::gpu_can_take(gpu, **s, allow_reset))
+        .filter(|s| gpu_can_take(gpu, **s, allow_reset))
         // A static layout is not for the scheduler to pick: the GPU switches to what
         // one claim asked for.
         .filter_map(|s| shape(policy, gpu, None, *s).ok())
@@ -576,6 +576,27 @@ pub fn progress_deadline(spec: &GpuSharingPolicySpec) -> Duration {
 
 /// `500ms`, `90s`, `15m`, `1h30m` (the CRD's pattern refuses anything else).
 pub use tessera_api::duration::parse as parse_duration;
+
+/// Whether the GPU's model enters and leaves MIG only with a reset (A100, A30).
+pub(crate) fn toggle_resets(gpu: &GpuState) -> bool {
+    tessera_gpu::find_model(&gpu.product_name)
+        .is_ok_and(|m| !m.architecture.mig_toggle_without_reset())
+}
+
+/// Whether the GPU can take `strategy`: MIG needs a MIG-capable GPU, and on one that
+/// switches MIG mode only with a reset (A100, A30), a reset the policy allows; a GPU
+/// reported unhealthy takes nothing. Resolution offers only such alternatives, and the
+/// Adaptive planner moves a GPU only to such a strategy.
+pub(crate) fn gpu_can_take(gpu: &GpuState, strategy: SharingStrategy, allow_reset: bool) -> bool {
+    if gpu.health == GpuHealth::Unhealthy {
+        return false;
+    }
+    let resets = toggle_resets(gpu);
+    match strategy {
+        SharingStrategy::Mig => gpu.mig_capable && (gpu.mig_enabled || !resets || allow_reset),
+        _ => !(gpu.mig_enabled && resets) || allow_reset,
+    }
+}
 
 #[cfg(test)]
 mod tests;

@@ -63,6 +63,14 @@ impl Outcome {
         }
     }
 
+    /// How long the move took, when it was applied.
+    pub fn took(&self) -> Option<Duration> {
+        match self {
+            Self::Applied(d) => Some(*d),
+            _ => None,
+        }
+    }
+
     /// The `result` label of the metric.
     pub fn label(&self) -> &'static str {
         match self {

@@ -324,7 +324,6 @@ pub fn usage(governed: &BTreeSet<String>, supply: &Supply) -> Usage {
             0
         } else {
             // At most 100 by construction; rounding keeps a single allocation visible.
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             let p = (used / f64::from(gpus) * 100.0).round() as u32;
             p.min(100)
         }
@@ -352,9 +351,7 @@ fn share(kind: &str, device: Option<&Published>, a: &Allocated, size: GpuSize) -
         if whole == 0 {
             0.0
         } else {
-            #[allow(clippy::cast_precision_loss)]
-            let f = part as f64 / whole as f64;
-            f
+            part as f64 / whole as f64
         }
     };
     match kind {

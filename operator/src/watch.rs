@@ -18,6 +18,7 @@ use kube::{
 };
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::warn;
 
 /// The cache of one kind.
@@ -26,6 +27,9 @@ where
     K::DynamicType: Eq + Hash + Clone,
 {
     store: Store<DeserializeGuard<K>>,
+    /// The watch feeding `store`: it stops when the last clone of the cache is dropped,
+    /// instead of running detached until the process ends.
+    _task: Arc<AbortOnDropHandle<()>>,
 }
 
 impl<K: Resource + Clone + 'static> Clone for Cache<K>
@@ -35,6 +39,7 @@ where
     fn clone(&self) -> Self {
         Self {
             store: self.store.clone(),
+            _task: self._task.clone(),
         }
     }
 }
@@ -83,14 +88,17 @@ where
             }),
         )
         .default_backoff();
-        tokio::spawn(stream.for_each(move |ev| {
+        let task = tokio::spawn(stream.for_each(move |ev| {
             match ev {
                 Ok(_) => changed.notify_one(),
-                Err(e) => warn!(error = %e, "watch failed; retrying"),
+                Err(e) => warn!(error = %tessera_kit::error_chain(&e), "watch failed; retrying"),
             }
             std::future::ready(())
         }));
-        Self { store }
+        Self {
+            store,
+            _task: Arc::new(AbortOnDropHandle::new(task)),
+        }
     }
 
     /// The objects now.

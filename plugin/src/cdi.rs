@@ -12,15 +12,17 @@
 //! once whenever any device of the spec is requested, and each device's edits under it.
 
 use std::{
-    fs::{self, File},
-    io::Write,
+    fs,
     path::{Path, PathBuf},
     sync::Arc,
 };
 
 use serde::Serialize;
 
-use crate::driver_files::DriverFiles;
+use crate::{
+    atomic_file::{self, Durability},
+    driver_files::DriverFiles,
+};
 
 pub use tessera_api::constants::CDI_CLASS;
 
@@ -249,14 +251,12 @@ impl CdiWriter {
         let text = serde_json::to_vec_pretty(&spec)
             .map_err(|e| err("serialising", std::io::Error::other(e)))?;
         // Runtimes watch this directory: a half-written file must never be visible, and a
-        // dot-file is ignored by them until it is renamed.
-        let tmp = self.dir.join(format!(".{claim_uid}.tmp"));
-        let mut f = File::create(&tmp).map_err(|s| err("creating a temp file for", s))?;
-        f.write_all(&text).map_err(|s| err("writing", s))?;
-        // No fsync: CDI specs are transient (`/var/run/cdi` is a tmpfs cleared on boot, as
-        // are the MIG instances they describe), so only atomicity matters, which the
-        // rename gives. The checkpoint, which must survive plugin restarts, is fsynced.
-        fs::rename(&tmp, &path).map_err(|s| err("renaming into", s))?;
+        // dot-file is ignored by them until it is renamed. No fsync: CDI specs are
+        // transient (`/var/run/cdi` is a tmpfs cleared on boot, as are the MIG instances
+        // they describe), so only atomicity matters, which the rename gives. The
+        // checkpoint, which must survive plugin restarts, is fsynced.
+        atomic_file::write(&path, &text, Durability::Atomic)
+            .map_err(|e| err(e.action, e.source))?;
         Ok(path)
     }
 

@@ -42,12 +42,13 @@
 
 use std::{
     collections::BTreeMap,
-    fs::{self, File},
-    io::Write,
+    fs,
     path::{Path, PathBuf},
 };
 
 use serde::{Deserialize, Serialize};
+
+use crate::atomic_file::{self, Durability};
 
 mod layouts;
 
@@ -457,17 +458,13 @@ impl CheckpointStore {
 
     /// Writes `bytes` as `dir/name` atomically; `dir` exists.
     fn write_bytes(&self, dir: &Path, name: &str, bytes: &[u8], sync: bool) -> Result<()> {
-        let path = dir.join(name);
-        let tmp = dir.join(format!(".{name}.tmp"));
-        let mut f =
-            File::create(&tmp).map_err(|s| self.io("creating a temp file for", &path, s))?;
-        f.write_all(bytes)
-            .map_err(|s| self.io("writing", &tmp, s))?;
-        if sync {
-            f.sync_all().map_err(|s| self.io("syncing", &tmp, s))?;
-        }
-        drop(f);
-        fs::rename(&tmp, &path).map_err(|s| self.io("replacing", &path, s))
+        let durability = if sync {
+            Durability::Synced
+        } else {
+            Durability::Atomic
+        };
+        atomic_file::write(&dir.join(name), bytes, durability)
+            .map_err(|e| self.io(e.action, &e.path, e.source))
     }
 
     /// Moves the records a plugin that kept its checkpoint under `old_root` left there

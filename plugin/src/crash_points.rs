@@ -13,7 +13,6 @@
 
 use std::{
     fs,
-    io::Write,
     path::{Path, PathBuf},
     sync::OnceLock,
 };
@@ -84,7 +83,7 @@ fn take(path: &Path, point: &str) -> bool {
     let mut control: Control = match serde_json::from_str(&text) {
         Ok(c) => c,
         Err(e) => {
-            warn!(control = %path.display(), error = %e, "unreadable crash-point control file; ignored");
+            warn!(control = %path.display(), error = %crate::error_chain(&e), "unreadable crash-point control file; ignored");
             return false;
         }
     };
@@ -94,19 +93,16 @@ fn take(path: &Path, point: &str) -> bool {
     control.abort_after.remove(i);
     if let Err(e) = write_back(path, &control) {
         // Aborting anyway would abort again at the same point after the restart.
-        warn!(control = %path.display(), error = %e, "could not take the crash point off the control file; not aborting");
+        warn!(control = %path.display(), error = %crate::error_chain(&e), "could not take the crash point off the control file; not aborting");
         return false;
     }
     true
 }
 
 fn write_back(path: &Path, control: &Control) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let mut f = fs::File::create(&tmp)?;
-    f.write_all(&serde_json::to_vec(control).map_err(std::io::Error::other)?)?;
-    f.sync_all()?;
-    drop(f);
-    fs::rename(&tmp, path)
+    let bytes = serde_json::to_vec(control).map_err(std::io::Error::other)?;
+    crate::atomic_file::write(path, &bytes, crate::atomic_file::Durability::Synced)
+        .map_err(std::io::Error::other)
 }
 
 #[cfg(test)]

@@ -287,7 +287,9 @@ impl HandoverListener {
                         tracing::warn!(line = line.trim(), "ignoring a malformed handover request")
                     }
                 },
-                Ok(Err(e)) => tracing::debug!(error = %e, "a handover request could not be read"),
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %crate::error_chain(&e), "a handover request could not be read")
+                }
                 Err(_) => tracing::warn!("a handover requester sent nothing; dropping it"),
             }
         }
@@ -313,7 +315,7 @@ impl Request {
         let mut stream = self.stream;
         if let Err(e) = stream.write_all(b"released\n").await {
             // It sees the end of the stream instead, and the lock is free either way.
-            tracing::debug!(error = %e, "could not tell the new instance the node is free");
+            tracing::debug!(error = %crate::error_chain(&e), "could not tell the new instance the node is free");
             return false;
         }
         let mut line = String::new();

@@ -13,6 +13,7 @@
 //!   and how a new one takes over; [`app`]: the wiring [`run`] starts.
 
 pub mod app;
+pub mod atomic_file;
 pub mod binding_report;
 pub mod cdi;
 pub mod checkpoint;

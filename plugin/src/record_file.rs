@@ -4,11 +4,12 @@
 
 use std::{
     fs,
-    io::Write,
     path::{Path, PathBuf},
 };
 
 use serde::{Serialize, de::DeserializeOwned};
+
+use crate::atomic_file::{self, Durability};
 
 /// Reading or writing a record failed.
 #[derive(Debug, thiserror::Error)]
@@ -80,7 +81,16 @@ impl RecordFile {
         if fs::read_to_string(&self.path).is_ok_and(|old| old == text) {
             return Ok(());
         }
-        write_atomic(&self.path, text.as_bytes()).map_err(|source| self.io("writing", source))
+        if let Some(dir) = self.path.parent() {
+            fs::create_dir_all(dir)
+                .map_err(|source| self.io("creating the directory of", source))?;
+        }
+        // fsync, then rename: the record is whole or absent after a crash.
+        atomic_file::write(&self.path, text.as_bytes(), Durability::Synced).map_err(|e| Error::Io {
+            action: e.action,
+            path: e.path,
+            source: e.source,
+        })
     }
 
     fn io(&self, action: &'static str, source: std::io::Error) -> Error {
@@ -90,16 +100,4 @@ impl RecordFile {
             source,
         }
     }
-}
-
-/// Temp file, fsync, rename: the record is whole or absent after a crash.
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    if let Some(dir) = path.parent() {
-        fs::create_dir_all(dir)?;
-    }
-    let tmp = path.with_extension("json.tmp");
-    let mut f = fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    fs::rename(&tmp, path)
 }

@@ -68,7 +68,7 @@ impl NodeGpus {
                 Err(e) => {
                     tracing::error!(
                         gpu = g.index,
-                        error = &e as &dyn std::error::Error,
+                        error = %crate::error_chain(&e),
                         "cannot read the GPU; it is reported unhealthy"
                     );
                     unreadable.insert(g.index, crate::error_chain(&e));

@@ -1,6 +1,5 @@
 //! The CUDA driver API, loaded as the CUDA runtime loads it: `dlopen("libcuda.so.1")`.
-// The C calls into the driver libraries.
-#![allow(unsafe_code)]
+#![allow(unsafe_code, reason = "calls the CUDA driver API through its C ABI")]
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 

@@ -33,8 +33,11 @@
 //!   `PROHIBITED` GPU takes no context.
 //!
 //! The state is read, never written: these calls do not change the hardware.
-// The names are cuda.h's, unchanged, so a reader can look each one up.
-#![allow(unsafe_code, non_snake_case)]
+#![allow(
+    unsafe_code,
+    non_snake_case,
+    reason = "exports cuda.h's C ABI; the names are cuda.h's, unchanged, so a reader can look each one up"
+)]
 
 use std::{
     cell::Cell,

@@ -2,8 +2,10 @@
 //! named by the driver version with their SONAMEs and links, real device nodes, the
 //! `/proc` files; and the simulated `libcuda.so.1`, loaded by the dynamic loader from
 //! there, obeying CUDA's rules on what a process can use.
-// dlopen and the C calls of the last test.
-#![allow(unsafe_code)]
+#![allow(
+    unsafe_code,
+    reason = "loads the simulated driver's C ABI the way CUDA programs do"
+)]
 
 use std::{os::unix::fs::FileTypeExt, path::Path};
 

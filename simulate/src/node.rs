@@ -395,7 +395,7 @@ impl SimNode {
         }
         self.cpu_used += cpu;
         self.memory_used += memory;
-        let (scored_cpu, scored_memory) = crate::scheduler::non_zero_requests(cpu, memory);
+        let (scored_cpu, scored_memory) = non_zero_requests(cpu, memory);
         self.cpu_scored += scored_cpu;
         self.memory_scored_bytes += scored_memory;
         for h in &held {
@@ -426,7 +426,7 @@ impl SimNode {
         if let Some((cpu, memory)) = self.requests.remove(&pod) {
             self.cpu_used -= cpu;
             self.memory_used -= memory;
-            let (scored_cpu, scored_memory) = crate::scheduler::non_zero_requests(cpu, memory);
+            let (scored_cpu, scored_memory) = non_zero_requests(cpu, memory);
             self.cpu_scored -= scored_cpu;
             self.memory_scored_bytes -= scored_memory;
         }
@@ -485,6 +485,30 @@ fn given_milli(
             .map_or(0, |(_, v)| u32::try_from(*v * 10).unwrap_or(u32::MAX)),
         DeviceType::Gpu | DeviceType::TimeSlice => crate::workload::WHOLE_GPU_MILLI,
     }
+}
+
+/// Requests NodeResourcesFit's scorer counts for a container that asks none
+/// (`schedutil.DefaultMilliCPURequest`, `DefaultMemoryRequest`: "200 MB", which
+/// `pkg/scheduler/util/pod_resources.go` defines as 200 × 1024 × 1024 bytes).
+const DEFAULT_CPU_MILLI: u64 = 100;
+const DEFAULT_MEMORY_BYTES: u64 = 200 * 1024 * 1024;
+const MIB: u64 = 1 << 20;
+
+/// What NodeResourcesFit's scorer counts of a one-container pod requesting `cpu_milli`
+/// and `memory_mib` (`NonMissingContainerRequests`): (millicores, bytes).
+pub fn non_zero_requests(cpu_milli: u64, memory_mib: u64) -> (u64, u64) {
+    (
+        if cpu_milli == 0 {
+            DEFAULT_CPU_MILLI
+        } else {
+            cpu_milli
+        },
+        if memory_mib == 0 {
+            DEFAULT_MEMORY_BYTES
+        } else {
+            memory_mib * MIB
+        },
+    )
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@
 
 use crate::{
     allocator::{Chosen, DeviceRequest},
-    node::SimNode,
+    node::{SimNode, non_zero_requests},
     policy::Scoring,
     rng::SplitMix64,
 };
@@ -34,29 +34,7 @@ const MIN_FEASIBLE_NODES: usize = 100;
 const MIN_FEASIBLE_PERCENT: usize = 5;
 /// `framework.MaxNodeScore`.
 const MAX_NODE_SCORE: i64 = 100;
-/// Requests NodeResourcesFit's scorer counts for a container that asks none
-/// (`schedutil.DefaultMilliCPURequest`, `DefaultMemoryRequest`: "200 MB", which
-/// `pkg/scheduler/util/pod_resources.go` defines as 200 × 1024 × 1024 bytes).
-const DEFAULT_CPU_MILLI: u64 = 100;
-const DEFAULT_MEMORY_BYTES: u64 = 200 * 1024 * 1024;
 const MIB: u64 = 1 << 20;
-
-/// What NodeResourcesFit's scorer counts of a one-container pod requesting `cpu_milli`
-/// and `memory_mib` (`NonMissingContainerRequests`): (millicores, bytes).
-pub fn non_zero_requests(cpu_milli: u64, memory_mib: u64) -> (u64, u64) {
-    (
-        if cpu_milli == 0 {
-            DEFAULT_CPU_MILLI
-        } else {
-            cpu_milli
-        },
-        if memory_mib == 0 {
-            DEFAULT_MEMORY_BYTES
-        } else {
-            memory_mib * MIB
-        },
-    )
-}
 
 /// The pod being scheduled, as the scheduler sees it.
 #[derive(Clone, Debug)]

@@ -273,7 +273,6 @@ pub(super) async fn wait_status_writes_settled(node: &SimNode) -> anyhow::Result
                 node.log_path().display()
             );
             // A whole number well below 2^53: the cast is exact.
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             return Ok(metric(&body, "tessera_plugin_claim_status_writes_skipped_total")? as u64);
         }
         ensure!(

@@ -126,6 +126,5 @@ pub(super) async fn apiserver_time(
     let seconds = series("apiserver_request_duration_seconds_sum");
     let count = series("apiserver_request_duration_seconds_count");
     // A count well below 2^53: the cast is exact.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     Ok((seconds, count as u64))
 }

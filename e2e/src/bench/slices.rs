@@ -141,7 +141,6 @@ impl H100x8 {
             updates >= u64::try_from(rounds)?,
             "the API server counted {updates} slice updates for {rounds} publishes"
         );
-        #[allow(clippy::cast_precision_loss)]
         let server_mean = Duration::from_secs_f64((after.0 - before.0).max(0.0) / updates as f64);
         let other_rounds = (rounds / 5).max(1);
         // A spec change of every GPU: every device slice changes, none moves.

@@ -10,7 +10,10 @@
 //!   a plugin or operator that dies raises its alert, naming the node.
 
 // Test fixtures panic on purpose: a failed setup step is a failed test.
-#![allow(clippy::unwrap_used)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test fails loudly on the first unexpected error"
+)]
 
 mod shipped;
 

@@ -3,7 +3,10 @@
 //! is simulated) driving a real `tessera-plugin` process over its sockets.
 
 // Test fixtures outside #[test] functions panic on purpose: a failed setup step is a failed test.
-#![allow(clippy::unwrap_used)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test fails loudly on the first unexpected error"
+)]
 
 mod faults;
 mod recovery;

@@ -1,5 +1,6 @@
 //! The catalogue's data: the MIG profile tables of every model and the [`CATALOG`] they
-//! make up. Sources for every figure are in `/work/shared/reference/gpu-hardware.md` §2.
+//! make up. Sources for every figure are in `../shared/reference/gpu-hardware.md` §2 (from
+//! the repository root).
 //!
 //! Each model has its own table, one profile per line, in the column order of the tables
 //! in §2, so that a person can check it against the doc line by line. The tables are

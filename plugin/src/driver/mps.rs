@@ -122,7 +122,7 @@ impl Driver {
         if let Err(e) = std::fs::remove_dir_all(&dir)
             && e.kind() != std::io::ErrorKind::NotFound
         {
-            warn!(dir = %dir.display(), error = %e, "could not remove an MPS daemon's directory");
+            warn!(dir = %dir.display(), error = %crate::error_chain(&e), "could not remove an MPS daemon's directory");
         }
         Ok(())
     }

@@ -198,7 +198,7 @@ pub fn remove_stale(path: &Path) -> Result<(), SocketError> {
 pub fn remove_on_exit(path: &Path) {
     if let Err(error) = remove_stale(path) {
         tracing::warn!(
-            error = &error as &dyn std::error::Error,
+            error = %crate::error_chain(&error),
             "could not remove socket on exit"
         );
     }

@@ -4,7 +4,10 @@
 
 // Fixtures outside `#[test]` functions are test code too: a failed unwrap there is a
 // failed test, and clippy's allow-unwrap-in-tests does not see them as tests.
-#![allow(clippy::unwrap_used)]
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test fails loudly on the first unexpected error"
+)]
 
 mod authority;
 mod common;

@@ -5,8 +5,12 @@
 //!
 //! The driver state (the simulator of the root this library was installed in) lives from
 //! the first `nvmlInit*` to the matching last `nvmlShutdown`, as NVML's reference count.
-// The names are nvml.h's, unchanged, so a reader can look each one up.
-#![allow(unsafe_code, non_snake_case, non_upper_case_globals)]
+#![allow(
+    unsafe_code,
+    non_snake_case,
+    non_upper_case_globals,
+    reason = "exports nvml.h's C ABI; the names are nvml.h's, unchanged, so a reader can look each one up"
+)]
 
 mod device;
 mod events;

@@ -23,7 +23,7 @@ pub fn spawn(nvml: Arc<Nvml>, events: broadcast::Sender<HealthEvent>, stop: Arc<
         .name("nvml-health".into())
         .spawn(move || watch(&nvml, &events, &stop));
     if let Err(e) = spawned {
-        tracing::warn!(error = %e, "no NVML health watcher");
+        tracing::warn!(error = %crate::backend::chain(&e), "no NVML health watcher");
     }
 }
 
@@ -32,7 +32,7 @@ fn watch(nvml: &Nvml, events: &broadcast::Sender<HealthEvent>, stop: &AtomicBool
     let mut set = match nvml.create_event_set() {
         Ok(s) => s,
         Err(e) => {
-            tracing::warn!(error = %e, "NVML events unavailable; no health events");
+            tracing::warn!(error = %crate::backend::chain(&e), "NVML events unavailable; no health events");
             return;
         }
     };
@@ -53,7 +53,7 @@ fn watch(nvml: &Nvml, events: &broadcast::Sender<HealthEvent>, stop: &AtomicBool
             Err(e) => {
                 // A failed registration frees the set; a GPU without event support is
                 // reported and the others are still watched with a fresh set.
-                tracing::warn!(gpu = i, error = %e.error, "cannot watch XID events of this GPU");
+                tracing::warn!(gpu = i, error = %crate::backend::chain(&e.error), "cannot watch XID events of this GPU");
                 match nvml.create_event_set() {
                     Ok(s) => set = s,
                     Err(_) => return,
@@ -96,7 +96,7 @@ fn watch(nvml: &Nvml, events: &broadcast::Sender<HealthEvent>, stop: &AtomicBool
                 std::thread::sleep(Duration::from_secs(1));
             }
             Err(e) => {
-                tracing::warn!(error = %e, "NVML event wait failed; health watcher stops");
+                tracing::warn!(error = %crate::backend::chain(&e), "NVML event wait failed; health watcher stops");
                 return;
             }
         }

@@ -329,7 +329,7 @@ impl GpuBackend for NvmlBackend {
                     // of it before stands; else it is listed without identity (an empty
                     // UUID), and every operation on it fails.
                     Err(e) => {
-                        tracing::warn!(gpu = i, error = %e, "cannot read the GPU");
+                        tracing::warn!(gpu = i, error = %crate::backend::chain(&e), "cannot read the GPU");
                         known
                             .get(&i)
                             .cloned()

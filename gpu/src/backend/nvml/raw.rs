@@ -6,7 +6,10 @@
 //! obtained from NVML in the same locked section, so NVML never sees a dangling pointer.
 //! A symbol missing from an old driver is an error, never a panic: the `-sys` methods
 //! `expect` their symbol, so every call checks the symbol first.
-#![allow(unsafe_code)]
+#![allow(
+    unsafe_code,
+    reason = "raw NVML MIG calls the nvml-wrapper crate does not wrap"
+)]
 
 use std::{ffi::CStr, mem, os::raw::c_uint, ptr};
 

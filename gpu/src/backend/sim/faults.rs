@@ -194,7 +194,7 @@ pub fn read_fault_file(path: &Path) -> Faults {
     match std::fs::read(path) {
         Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => Faults::default(),
         Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-            tracing::warn!(path = %path.display(), error = %e, "ignoring malformed fault file");
+            tracing::warn!(path = %path.display(), error = %crate::backend::chain(&e), "ignoring malformed fault file");
             Faults::default()
         }),
         Err(_) => Faults::default(),

@@ -267,7 +267,7 @@ impl Inner {
         let mut file = faults::read_fault_file(path);
         let msg = file.take_failure(op, gpu)?;
         if let Err(e) = faults::write_fault_file(path, &file) {
-            tracing::warn!(error = %e, "could not update the fault file");
+            tracing::warn!(error = %crate::backend::chain(&e), "could not update the fault file");
         }
         Some(msg)
     }
@@ -285,7 +285,7 @@ impl Inner {
         }
         // Remove the entry first, so the restarted process does not abort again.
         if let Err(e) = faults::write_fault_file(path, &file) {
-            tracing::warn!(error = %e, "could not update the fault file");
+            tracing::warn!(error = %crate::backend::chain(&e), "could not update the fault file");
         }
         true
     }
@@ -307,7 +307,7 @@ impl Inner {
         }
         let events = std::mem::take(&mut file.health_events);
         if let Err(e) = faults::write_fault_file(&path, &file) {
-            tracing::warn!(error = %e, "could not update the fault file");
+            tracing::warn!(error = %crate::backend::chain(&e), "could not update the fault file");
         }
         for ev in events {
             self.deliver(ev);
@@ -355,6 +355,6 @@ pub(super) fn spawn_event_poller(inner: Weak<Mutex<Inner>>) {
             }
         });
     if let Err(e) = spawned {
-        tracing::warn!(error = %e, "no health-event poller: file events arrive with the next operation");
+        tracing::warn!(error = %crate::backend::chain(&e), "no health-event poller: file events arrive with the next operation");
     }
 }
