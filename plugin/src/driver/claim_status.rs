@@ -12,6 +12,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;
+use tessera_api::conditions::{reasons, types};
 use tokio::sync::Semaphore;
 use tracing::{debug, warn};
 
@@ -141,19 +142,19 @@ fn mps_condition(restarts: u32) -> serde_json::Value {
     let now = k8s_openapi::jiff::Timestamp::from_second(now).unwrap_or_default();
     let (reason, message) = if restarts == 0 {
         (
-            "DaemonRunning",
+            reasons::DAEMON_RUNNING,
             "the claim's MPS control daemon runs with the claim's limits".to_string(),
         )
     } else {
         (
-            "DaemonRestarted",
+            reasons::DAEMON_RESTARTED,
             format!(
                 "the claim's MPS control daemon stopped and was restarted ({restarts} time(s)); CUDA processes connected before a restart lost their server and must be restarted"
             ),
         )
     };
     json!({
-        "type": "MPSServerReady",
+        "type": types::MPS_SERVER_READY,
         "status": "True",
         "reason": reason,
         "message": message,
