@@ -15,10 +15,16 @@ pub mod types {
     pub const CONFLICTED: &str = "Conflicted";
     /// (GpuNode) the plugin applied the spec to the hardware.
     pub const APPLIED: &str = "Applied";
+    /// On an MPS device of a claim's `status.devices`: the claim's MPS control daemon runs.
+    pub const MPS_SERVER_READY: &str = "MPSServerReady";
 }
 
 /// Condition reasons (PascalCase, stable: tooling may match on them).
 pub mod reasons {
+    /// `MPSServerReady`: the claim's MPS daemon runs as prepared.
+    pub const DAEMON_RUNNING: &str = "DaemonRunning";
+    /// `MPSServerReady`: the claim's MPS daemon had stopped and was started again.
+    pub const DAEMON_RESTARTED: &str = "DaemonRestarted";
     /// Everything matches the desired state.
     pub const AS_EXPECTED: &str = "AsExpected";
     /// The policy matches no node.

@@ -33,6 +33,25 @@ pub mod device_type {
     pub const TIMESLICE: &str = "timeslice";
 }
 
+/// Values of the `isolation` device attribute: what keeps a claim's work apart from other
+/// claims' work on the same GPU, so a claim can require it in CEL
+/// (`device.attributes["gpu.tessera.dev"].isolation in ["exclusive", "hardware"]`).
+/// docs/concepts/sharing.md says what each guarantees.
+pub mod isolation {
+    /// A whole GPU: no other claim's work runs on it.
+    pub const EXCLUSIVE: &str = "exclusive";
+    /// A MIG partition: its own SMs, memory, caches and memory bandwidth, enforced by the
+    /// hardware; faults stay in the partition.
+    pub const HARDWARE: &str = "hardware";
+    /// An MPS share: the claim's own MPS server caps its SMs and pinned device memory; the
+    /// claims' servers take turns on the GPU; a fatal fault can reach the GPU's other
+    /// claims; not a security boundary.
+    pub const MPS_LIMITS: &str = "mps-limits";
+    /// A time-sliced GPU: the claims take turns with nothing capped; any claim can use all
+    /// the memory.
+    pub const NONE: &str = "none";
+}
+
 /// Taint key on every device of a GPU that reported a fatal fault or cannot be read; its
 /// value says why (`xid-79`, `gpu-lost`, `gpu-unreadable`), its effect is `NoSchedule`.
 pub const UNHEALTHY_TAINT_KEY: &str = "gpu.tessera.dev/unhealthy";

@@ -295,9 +295,10 @@ pub struct ClaimRef {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MpsState {
-    /// Whether the GPU's MPS control daemon runs.
+    /// Whether the MPS control daemon of every claim holding a share runs (each claim has
+    /// its own; true when no claim holds one).
     pub daemon_running: bool,
-    /// The claims holding a share, with the limits enforced on each.
+    /// The claims holding a share, with the limits each claim's MPS server holds.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clients: Vec<MpsClientState>,
 }
@@ -308,10 +309,10 @@ pub struct MpsState {
 pub struct MpsClientState {
     /// The claim holding the share.
     pub claim: ClaimRef,
-    /// The share of the GPU's threads enforced on the client
-    /// (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`), in percent.
+    /// The share of the GPU's threads the claim's MPS server allows its clients (the
+    /// daemon's `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`), in percent.
     pub active_thread_percentage: u32,
-    /// The pinned device memory limit enforced on the client, in MiB.
+    /// The pinned device memory the claim's MPS server allows its clients, in MiB.
     pub pinned_memory_limit_mi_b: u64,
 }
 

@@ -73,9 +73,10 @@ pub struct GpuSharingPolicySpec {
     pub gpu_selector: Option<GpuSelector>,
 
     /// How the selected GPUs are shared: `MIG` (hardware partitions), `MPS` (shares with
-    /// enforced thread and memory limits), `TimeSlicing` (shared in turns, no isolation),
-    /// `Exclusive` (one claim per whole GPU) or `Adaptive` (the operator moves idle GPUs
-    /// between the strategies listed in `adaptive.strategies` as demand changes).
+    /// thread and memory ceilings each claim's MPS server holds), `TimeSlicing` (shared in
+    /// turns, no isolation), `Exclusive` (one claim per whole GPU) or `Adaptive` (the
+    /// operator moves idle GPUs between the strategies listed in `adaptive.strategies` as
+    /// demand changes).
     pub strategy: SharingStrategy,
 
     /// MIG settings; required when `strategy` is `MIG`.

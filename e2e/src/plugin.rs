@@ -7,7 +7,7 @@
 //! prepare and unprepare.
 
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::Duration,
 };
@@ -610,7 +610,7 @@ impl SimNode {
         for g in &mut state.gpus {
             g.instances.clear();
             // Its MPS daemon sees itself forgotten and exits, as a reboot ends it.
-            g.mps = None;
+            g.mps.clear();
             g.compute_mode = tessera_gpu::backend::ComputeMode::Default;
             g.mig_enabled = g.mig_pending;
         }
@@ -718,5 +718,21 @@ impl Drop for SimNode {
             );
         }
         self.kill();
+        unmount_mps_shm(&self.state_dir());
+    }
+}
+
+/// Unmounts the tmpfs the plugin mounted for each MPS claim's shared memory under
+/// `state_dir`: a node torn down with claims still prepared would otherwise leave them
+/// mounted on this machine. Its MPS daemons see the hardware forget them and exit.
+fn unmount_mps_shm(state_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(state_dir.join("mps")) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let shm = entry.path().join("shm");
+        if shm.is_dir() {
+            let _ = nix::mount::umount2(&shm, nix::mount::MntFlags::MNT_DETACH);
+        }
     }
 }

@@ -171,18 +171,20 @@ async fn every_device_kind_gets_what_nvidias_generator_gives_it() {
         "libcuda.so.{}",
         tessera_gpu::backend::sim::DRIVER_VERSION
     ));
-    let container = |name: &str, ids: &[&str]| {
+    // `change` edits the OCI spec the runtime got, as a tenant's own pod spec could.
+    let container_with = |name: &str, ids: &[&str], change: &dyn Fn(&mut serde_json::Value)| {
         let bundle = work.path().join(format!("bundle-{name}"));
         std::fs::create_dir_all(&bundle).unwrap();
         runc::make_rootfs(&bundle.join("rootfs"), &probe, &driver_lib).unwrap();
         let base = runc::base_config(&tools.runc, &bundle, &node.driver().kernel()).unwrap();
         let base_file = bundle.join("base.json");
         std::fs::write(&base_file, serde_json::to_vec(&base).unwrap()).unwrap();
-        let config = if ids.is_empty() {
+        let mut config = if ids.is_empty() {
             base
         } else {
             cdi_tools::inject(&tools.inject, &node.cdi_dir(), Some(&base_file), ids).unwrap()
         };
+        change(&mut config);
         runc::run(
             &tools.runc,
             &bundle,
@@ -191,6 +193,7 @@ async fn every_device_kind_gets_what_nvidias_generator_gives_it() {
         )
         .unwrap()
     };
+    let container = |name: &str, ids: &[&str]| container_with(name, ids, &|_| {});
     for (name, id) in &prepared {
         let out = container(name, &[id]);
         eprintln!("==== probe in the {name} container\n{}", out.output);
@@ -207,6 +210,44 @@ async fn every_device_kind_gets_what_nvidias_generator_gives_it() {
             "{name}: the hook's ldconfig run lists libcuda.so.1"
         );
     }
+    // MPS: the claim asked for 25 % and 4 GiB of the L4, and its server holds it there.
+    let mps_id = prepared
+        .iter()
+        .find(|(n, _)| *n == "mps")
+        .map(|(_, id)| id.clone())
+        .unwrap();
+    let share = "4096 MiB free of 4096 MiB, 15 SMs";
+    let out = container_with("mps-greedy", &[&mps_id], &|c| {
+        // A tenant that asks its own process for the whole GPU only lowers, never raises.
+        let env = c["process"]["env"].as_array_mut().unwrap();
+        env.push(json!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100"));
+        env.push(json!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=22000M"));
+    });
+    assert_eq!(out.code, 0, "{}", out.output);
+    assert!(
+        out.output.contains(share),
+        "the server's limits hold:\n{}",
+        out.output
+    );
+    let out = container_with("mps-modest", &[&mps_id], &|c| {
+        let env = c["process"]["env"].as_array_mut().unwrap();
+        env.push(json!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M"));
+    });
+    assert!(
+        out.output.contains("1024 MiB free of 1024 MiB, 15 SMs"),
+        "a client's own lower limit applies:\n{}",
+        out.output
+    );
+    // Without the daemon's shared memory at /dev/shm, the client cannot reach its server.
+    let out = container_with("mps-no-shm", &[&mps_id], &|c| {
+        c["mounts"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|m| m["destination"] != "/dev/shm");
+    });
+    assert_ne!(out.code, 0, "{}", out.output);
+    assert!(out.output.contains("CUresult 805"), "{}", out.output);
+
     // Without a device the same container has no GPU, and the probe says why.
     let bare = container("none", &[]);
     assert_ne!(bare.code, 0, "{}", bare.output);

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use tessera_gpu::mps::{self, MpsRequest};
+use tessera_gpu::mps;
 
 use crate::{
     cdi::{ContainerEdits, Mount},
@@ -15,6 +15,8 @@ use crate::{
 
 /// Where the MPS pipe directory appears inside containers.
 pub const MPS_PIPE_IN_CONTAINER: &str = "/tmp/nvidia-mps";
+/// Where the MPS daemon's shared memory appears inside containers.
+pub const MPS_SHM_IN_CONTAINER: &str = "/dev/shm";
 /// The env naming the device a container got (`GPU-…` or `MIG-…`).
 pub const DEVICE_UUID_ENV: &str = "TESSERA_DEVICE_UUID";
 
@@ -27,10 +29,10 @@ pub struct Context<'a> {
     pub caps_root: &'a Path,
     /// The GPU's minor number, if the driver reported one.
     pub minor: Option<u32>,
-    /// The GPU's memory.
-    pub gpu_memory_mib: u64,
-    /// The GPU's MPS pipe directory on the host.
+    /// The claim's MPS daemon's pipe directory on the host.
     pub mps_pipe_dir: &'a Path,
+    /// The tmpfs the claim's MPS daemon has as `/dev/shm`, on the host.
+    pub mps_shm_dir: &'a Path,
 }
 
 /// The edits of device `d`.
@@ -63,32 +65,27 @@ pub fn edits(d: &DeviceRecord, ctx: &Context<'_>) -> Result<ContainerEdits, Erro
                 .env
                 .push(format!("TESSERA_MIG_PLACEMENT={start}:{size}"));
         }
-        DeviceKind::Mps {
-            uuid,
-            active_thread_percentage,
-            pinned_memory_limit_mib,
-        } => {
+        // What a client needs to reach the claim's daemon: its pipe directory and the
+        // shared memory its server uses, as NVIDIA's DRA driver binds them. No limit
+        // variables: the limits are the server's, and a client's own could only lower
+        // them (containers.md §4.3).
+        DeviceKind::Mps { uuid, .. } => {
             edits.extend(ctx.files.gpu_edits(minor)?);
             edits.env.push(format!("{DEVICE_UUID_ENV}={uuid}"));
-            // Inside the container the one visible GPU is device 0.
-            let request = MpsRequest {
-                compute_percent: Some(*active_thread_percentage),
-                memory_bytes: Some(pinned_memory_limit_mib.saturating_mul(1 << 20)),
-            };
-            if let Ok(s) = mps::client_settings(ctx.gpu_memory_mib, "0", request) {
-                edits
-                    .env
-                    .extend(s.env.into_iter().map(|(k, v)| format!("{k}={v}")));
-            }
             edits.env.push(format!(
                 "{}={MPS_PIPE_IN_CONTAINER}",
                 mps::ENV_PIPE_DIRECTORY
             ));
-            edits.mounts.push(Mount {
-                host_path: PathBuf::from(ctx.mps_pipe_dir).display().to_string(),
-                container_path: MPS_PIPE_IN_CONTAINER.into(),
-                options: vec!["rbind".into(), "rw".into()],
-            });
+            for (host, container) in [
+                (ctx.mps_pipe_dir, MPS_PIPE_IN_CONTAINER),
+                (ctx.mps_shm_dir, MPS_SHM_IN_CONTAINER),
+            ] {
+                edits.mounts.push(Mount {
+                    host_path: PathBuf::from(host).display().to_string(),
+                    container_path: container.into(),
+                    options: ["rw", "nosuid", "nodev", "bind"].map(String::from).to_vec(),
+                });
+            }
         }
     }
     Ok(edits)
@@ -123,8 +120,8 @@ mod tests {
             files: &files,
             caps_root: caps.path(),
             minor: Some(0),
-            gpu_memory_mib: 81_559,
-            mps_pipe_dir: Path::new("/var/lib/kubelet/plugins/gpu.tessera.dev/mps/gpu-0/pipe"),
+            mps_pipe_dir: Path::new("/var/lib/kubelet/plugins/gpu.tessera.dev/mps/c1-gpu0/pipe"),
+            mps_shm_dir: Path::new("/var/lib/kubelet/plugins/gpu.tessera.dev/mps/c1-gpu0/shm"),
         };
         let gpu = edits(
             &record(
@@ -171,7 +168,30 @@ mod tests {
             mps.env
                 .contains(&"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps".to_string())
         );
-        assert_eq!(mps.mounts[0].container_path, "/tmp/nvidia-mps");
+        let mounts: Vec<(&str, &str)> = mps
+            .mounts
+            .iter()
+            .map(|m| (m.host_path.as_str(), m.container_path.as_str()))
+            .collect();
+        assert_eq!(
+            mounts,
+            [
+                (
+                    "/var/lib/kubelet/plugins/gpu.tessera.dev/mps/c1-gpu0/pipe",
+                    "/tmp/nvidia-mps"
+                ),
+                (
+                    "/var/lib/kubelet/plugins/gpu.tessera.dev/mps/c1-gpu0/shm",
+                    "/dev/shm"
+                )
+            ]
+        );
+        // The limits are the server's: none in the client's environment.
+        assert!(
+            !mps.env
+                .iter()
+                .any(|e| e.starts_with("CUDA_MPS_ACTIVE") || e.starts_with("CUDA_MPS_PINNED"))
+        );
         let no_minor = Context { minor: None, ..ctx };
         assert!(matches!(
             edits(

@@ -11,6 +11,7 @@
 //! | `tessera_plugin_claim_status_write_failures_total` | counter | |
 //! | `tessera_plugin_claim_status_writes_pending` | gauge | |
 //! | `tessera_plugin_claim_status_writes_skipped_total` | counter | |
+//! | `tessera_plugin_mps_daemon_restarts_total` | counter | |
 //! | `tessera_plugin_slice_publish_total` | counter | `result` |
 //! | `tessera_plugin_ready` | gauge | 1 while `/readyz` says ready |
 //! | `tessera_plugin_unhealthy_gpus` | gauge | GPUs tainted for a fault or unreadable |
@@ -60,6 +61,8 @@ pub struct Metrics {
     latent_verdicts: Family<ResultLabel, Counter>,
     /// Claims whose `status.devices` could not be written.
     pub status_write_failures: Counter,
+    /// Claims' MPS control daemons found stopped under prepared claims and started again.
+    pub mps_daemon_restarts: Counter,
     /// `status.devices` writes queued or in flight: a backlog means a burst is being
     /// written at `--claim-status-qps`, or the API server is slow or unreachable.
     pub status_writes_pending: Gauge,
@@ -110,6 +113,12 @@ impl Metrics {
             latent_verdicts.clone(),
         );
         let status_write_failures = Counter::default();
+        let mps_daemon_restarts = Counter::default();
+        registry.register(
+            "mps_daemon_restarts",
+            "MPS control daemons found stopped under a prepared claim and started again",
+            mps_daemon_restarts.clone(),
+        );
         let status_writes_pending = Gauge::default();
         let status_writes_skipped = Counter::default();
         let kubelet_registrations = Counter::default();
@@ -197,6 +206,7 @@ impl Metrics {
             publishes,
             latent_verdicts,
             status_write_failures,
+            mps_daemon_restarts,
             status_writes_pending,
             status_writes_skipped,
             kubelet_registrations,

@@ -11,7 +11,7 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use tessera_gpu::{
     Occupancy, Placement,
-    backend::{BackendError, GpuBackend, GpuInfo, MigInstance, MpsState},
+    backend::{BackendError, GpuBackend, GpuInfo, MigInstance},
     catalog::MigLayout,
 };
 use tokio::sync::{Mutex, MutexGuard, watch};
@@ -227,21 +227,6 @@ impl NodeState {
             }
         }
         Ok(live)
-    }
-
-    /// Whether each of `gpus` runs its MPS control daemon, as the backend says; a GPU
-    /// whose state cannot be read is left out.
-    pub async fn mps_running(&self, gpus: Vec<u32>) -> BTreeMap<u32, bool> {
-        self.read(move |b| {
-            gpus.into_iter()
-                .filter_map(|g| {
-                    let state = b.mps_state(g).ok()?;
-                    Some((g, matches!(state, MpsState::Running { .. })))
-                })
-                .collect()
-        })
-        .await
-        .unwrap_or_default()
     }
 
     /// Occupancy of each MIG-capable GPU from `live`; see [`occupancy_of`].

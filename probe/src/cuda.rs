@@ -12,8 +12,10 @@ pub struct CudaDevice {
     pub uuid: String,
     /// Its name.
     pub name: String,
-    /// `cuMemGetInfo` total, bytes.
+    /// `cuMemGetInfo` total, bytes: an MPS client's pinned memory limit where it has one.
     pub total_memory: usize,
+    /// The SMs its context may use (`cuCtxGetExecAffinity`), where the driver says.
+    pub sm_count: Option<u32>,
 }
 
 /// What CUDA said.
@@ -44,6 +46,8 @@ type Name = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_uint;
 type Retain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_uint;
 type SetCurrent = unsafe extern "C" fn(*mut c_void) -> c_uint;
 type MemInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> c_uint;
+/// `cuCtxGetExecAffinity` with `CUexecAffinityParam` as `{type, smCount}`.
+type ExecAffinity = unsafe extern "C" fn(*mut [c_uint; 2], c_uint) -> c_uint;
 
 /// Loads a library by its bare name, as the loader finds it.
 fn load(name: &str, r: &mut Report) -> Option<libloading::Library> {
@@ -125,8 +129,17 @@ pub fn probe(r: &mut Report) -> CudaReport {
                 ));
                 continue;
             }
+            // SM_COUNT (0) is the one affinity type CUDA defines; an MPS client's is its
+            // active thread percentage of the device's SMs.
+            let mut affinity = [0 as c_uint; 2];
+            let sm_count = cuda
+                .get::<ExecAffinity>(b"cuCtxGetExecAffinity")
+                .ok()
+                .filter(|get| get(&mut affinity, 0) == 0)
+                .map(|_| affinity[1]);
+            let sms = sm_count.map_or_else(String::new, |n| format!(", {n} SMs"));
             r.found(format!(
-                "device {dev}: {name}, uuid {hex}, {} MiB free of {} MiB",
+                "device {dev}: {name}, uuid {hex}, {} MiB free of {} MiB{sms}",
                 free >> 20,
                 total >> 20
             ));
@@ -134,6 +147,7 @@ pub fn probe(r: &mut Report) -> CudaReport {
                 uuid: hex,
                 name,
                 total_memory: total,
+                sm_count,
             });
         }
     }

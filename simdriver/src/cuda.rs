@@ -18,11 +18,19 @@
 //!   `CUDA_ERROR_NO_DEVICE`.
 //! - `CUDA_VISIBLE_DEVICES` (indices or `GPU-`/`MIG-` UUIDs, comma-separated) picks and
 //!   orders the devices; an entry that names nothing ends the list, as in CUDA.
-//! - A context on a GPU an MPS control daemon serves (compute mode `EXCLUSIVE_PROCESS`)
-//!   is an MPS client's: the process must reach the daemon through
-//!   `$CUDA_MPS_PIPE_DIRECTORY` (default `/tmp/nvidia-mps`), else the GPU is taken
+//! - A process whose `$CUDA_MPS_PIPE_DIRECTORY` (default `/tmp/nvidia-mps`) has an MPS
+//!   control daemon is that daemon's client: it must see the daemon's shared-memory
+//!   segment in its own `/dev/shm` (`CUDA_ERROR_MPS_CONNECTION_FAILED` otherwise), and
+//!   its context gets the server's limits, lowered by its own
+//!   `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` / `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`, never
+//!   raised (`cuMemGetInfo` reports the memory limit as the total,
+//!   `cuCtxGetExecAffinity` the SMs). Once the daemon is gone, the context's calls fail
+//!   (`CUDA_ERROR_MPS_RPC_FAILURE`). A process that reaches no daemon on a GPU an MPS
+//!   daemon serves in compute mode `EXCLUSIVE_PROCESS` finds the GPU taken
 //!   (`CUDA_ERROR_DEVICES_UNAVAILABLE`, "all CUDA-capable devices are busy or
-//!   unavailable", containers.md §4.1). A `PROHIBITED` GPU takes no context.
+//!   unavailable", containers.md §4.1); in `DEFAULT` it gets a context of its own, as
+//!   MPS says: "the program continues to run as it normally would without MPS". A
+//!   `PROHIBITED` GPU takes no context.
 //!
 //! The state is read, never written: these calls do not change the hardware.
 #![allow(
@@ -83,6 +91,10 @@ pub mod result {
     pub const INVALID_DEVICE: CUresult = 101;
     /// `CUDA_ERROR_INVALID_CONTEXT`.
     pub const INVALID_CONTEXT: CUresult = 201;
+    /// `CUDA_ERROR_MPS_CONNECTION_FAILED`.
+    pub const MPS_CONNECTION_FAILED: CUresult = 805;
+    /// `CUDA_ERROR_MPS_RPC_FAILURE`.
+    pub const MPS_RPC_FAILURE: CUresult = 806;
     /// `CUDA_ERROR_UNKNOWN`.
     pub const UNKNOWN: CUresult = 999;
 }
@@ -98,7 +110,10 @@ pub struct Device {
     pub memory_bytes: u64,
     /// The GPU's index.
     pub gpu: u32,
-    /// Whether the GPU's MPS daemon owns it (a context must go through the daemon).
+    /// Its SMs.
+    pub sm_count: u32,
+    /// Whether an MPS daemon serving the GPU owns it: compute mode `EXCLUSIVE_PROCESS`
+    /// with a daemon running (a context must go through a daemon).
     pub mps_pipe_needed: bool,
     /// Whether the GPU takes no context at all (compute mode `PROHIBITED`).
     pub prohibited: bool,
@@ -115,6 +130,35 @@ static LOADED: Mutex<Option<Loaded>> = Mutex::new(None);
 thread_local! {
     /// The calling thread's current context: the device ordinal plus one, 0 for none.
     static CURRENT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// An MPS client's context: the daemon it goes through and the limits it got.
+#[derive(Clone, Debug)]
+struct MpsClient {
+    pipe_dir: PathBuf,
+    thread_percentage: Option<u8>,
+    memory_mib: Option<u64>,
+}
+
+/// The MPS client contexts, by the token of [`CURRENT`].
+static MPS_CLIENTS: Mutex<Vec<(usize, MpsClient)>> = Mutex::new(Vec::new());
+
+fn mps_client(token: usize) -> Option<MpsClient> {
+    MPS_CLIENTS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .find(|(t, _)| *t == token)
+        .map(|(_, c)| c.clone())
+}
+
+/// The lower of a server's limit and a client's own: the client's only further
+/// constrains (MPS documentation, environment variables).
+fn lower<T: Ord + Copy>(server: Option<T>, client: Option<T>) -> Option<T> {
+    match (server, client) {
+        (Some(s), Some(c)) => Some(s.min(c)),
+        (s, c) => s.or(c),
+    }
 }
 
 fn loaded() -> std::sync::MutexGuard<'static, Option<Loaded>> {
@@ -209,13 +253,14 @@ fn enumerate(state: &SimState, dev: &Path) -> Vec<Device> {
             .first()
             .cloned()
             .unwrap_or_else(|| model.id.clone());
-        let mps_pipe_needed = g.mps.is_some() && g.compute_mode == ComputeMode::ExclusiveProcess;
+        let mps_pipe_needed = !g.mps.is_empty() && g.compute_mode == ComputeMode::ExclusiveProcess;
         let prohibited = g.compute_mode == ComputeMode::Prohibited;
         if !g.mig_enabled {
             out.push(Device {
                 uuid: g.uuid.clone(),
                 name,
                 memory_bytes: model.memory_mib << 20,
+                sm_count: model.sm_count,
                 gpu: g.index,
                 mps_pipe_needed,
                 prohibited,
@@ -247,6 +292,7 @@ fn enumerate(state: &SimState, dev: &Path) -> Vec<Device> {
                     uuid: ci.uuid.clone(),
                     name: format!("{name} MIG {}", profile.name),
                     memory_bytes: profile.memory_mib << 20,
+                    sm_count: profile.sm_count,
                     gpu: g.index,
                     mps_pipe_needed,
                     prohibited,
@@ -274,11 +320,6 @@ fn pick(all: &[Device], visible: &str) -> Vec<Device> {
         }
     }
     out
-}
-
-/// Whether this process reaches the MPS control daemon of its pipe directory.
-fn reaches_mps_daemon() -> bool {
-    mps_daemon_reachable(&crate::mps::Env::from_process().pipe_dir)
 }
 
 /// Whether an MPS control daemon answers in `pipe_dir`.
@@ -418,10 +459,32 @@ pub extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUres
 /// Makes a context on `dev` current, by CUDA's compute-mode and MPS rules.
 fn make_context(ctx: *mut CUcontext, dev: CUdevice) -> Result<(), CUresult> {
     let (mps, prohibited) = with_device(dev, |d| (d.mps_pipe_needed, d.prohibited))?;
-    if prohibited || (mps && !reaches_mps_daemon()) {
+    if prohibited {
         return Err(result::DEVICES_UNAVAILABLE);
     }
+    let env = crate::mps::Env::from_process();
+    let client = match crate::mps::attach(&env.pipe_dir) {
+        Some(server) => {
+            let segment = Path::new(crate::mps::DEV_SHM).join(&server.shm_segment);
+            if !segment.exists() {
+                return Err(result::MPS_CONNECTION_FAILED);
+            }
+            Some(MpsClient {
+                pipe_dir: env.pipe_dir.clone(),
+                thread_percentage: lower(server.thread_percentage, env.thread_percentage),
+                memory_mib: lower(server.pinned_memory_mib, env.pinned_memory_mib),
+            })
+        }
+        None if mps => return Err(result::DEVICES_UNAVAILABLE),
+        None => None,
+    };
     let token = usize::try_from(dev).map_err(|_| result::INVALID_DEVICE)? + 1;
+    let mut clients = MPS_CLIENTS.lock().unwrap_or_else(|p| p.into_inner());
+    clients.retain(|(t, _)| *t != token);
+    if let Some(c) = client {
+        clients.push((token, c));
+    }
+    drop(clients);
     put(ctx, std::ptr::without_provenance_mut(token))?;
     CURRENT.with(|c| c.set(token));
     Ok(())
@@ -465,10 +528,60 @@ pub extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresu
             return Err(result::INVALID_CONTEXT);
         }
         let dev = CUdevice::try_from(token - 1).map_err(|_| result::INVALID_CONTEXT)?;
-        let bytes = with_device(dev, |d| d.memory_bytes).map_err(|_| result::INVALID_CONTEXT)?;
+        let mut bytes =
+            with_device(dev, |d| d.memory_bytes).map_err(|_| result::INVALID_CONTEXT)?;
+        if let Some(client) = mps_client(token) {
+            if !mps_daemon_reachable(&client.pipe_dir) {
+                return Err(result::MPS_RPC_FAILURE);
+            }
+            if let Some(mib) = client.memory_mib {
+                bytes = bytes.min(mib << 20);
+            }
+        }
         let bytes = usize::try_from(bytes).map_err(|_| result::UNKNOWN)?;
         put(free, bytes)?;
         put(total, bytes)
+    })
+}
+
+/// `CUexecAffinityParam` with its `smCount` member (the only type CUDA defines).
+#[repr(C)]
+pub struct CUexecAffinityParam {
+    /// `CU_EXEC_AFFINITY_TYPE_SM_COUNT` (0).
+    pub kind: c_uint,
+    /// `param.smCount.val`.
+    pub sm_count: c_uint,
+}
+
+/// `cuCtxGetExecAffinity`: the SMs the current context may use; an MPS client's is its
+/// active thread percentage of the device's SMs, rounded up.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxGetExecAffinity(param: *mut CUexecAffinityParam, kind: c_uint) -> CUresult {
+    call(|| {
+        if kind != 0 {
+            return Err(result::INVALID_VALUE);
+        }
+        let token = CURRENT.with(Cell::get);
+        if token == 0 {
+            return Err(result::INVALID_CONTEXT);
+        }
+        let dev = CUdevice::try_from(token - 1).map_err(|_| result::INVALID_CONTEXT)?;
+        let mut sms = with_device(dev, |d| d.sm_count).map_err(|_| result::INVALID_CONTEXT)?;
+        if let Some(client) = mps_client(token) {
+            if !mps_daemon_reachable(&client.pipe_dir) {
+                return Err(result::MPS_RPC_FAILURE);
+            }
+            if let Some(p) = client.thread_percentage {
+                sms = (sms * u32::from(p)).div_ceil(100);
+            }
+        }
+        put(
+            param,
+            CUexecAffinityParam {
+                kind,
+                sm_count: sms,
+            },
+        )
     })
 }
 
@@ -482,6 +595,8 @@ fn error_name(code: CUresult) -> &'static CStr {
         result::NO_DEVICE => c"CUDA_ERROR_NO_DEVICE",
         result::INVALID_DEVICE => c"CUDA_ERROR_INVALID_DEVICE",
         result::INVALID_CONTEXT => c"CUDA_ERROR_INVALID_CONTEXT",
+        result::MPS_CONNECTION_FAILED => c"CUDA_ERROR_MPS_CONNECTION_FAILED",
+        result::MPS_RPC_FAILURE => c"CUDA_ERROR_MPS_RPC_FAILURE",
         _ => c"CUDA_ERROR_UNKNOWN",
     }
 }
@@ -501,6 +616,7 @@ mod tests {
             uuid: uuid.into(),
             name: "x".into(),
             memory_bytes: 1,
+            sm_count: 1,
             gpu: 0,
             mps_pipe_needed: false,
             prohibited: false,
@@ -524,6 +640,15 @@ mod tests {
         assert_eq!(uuids("MIG-cccc3333"), ["MIG-cccc3333"]);
         assert_eq!(uuids("0,7,1"), ["GPU-aaaa1111"]);
         assert!(uuids("GPU-zzzz").is_empty());
+    }
+
+    #[test]
+    fn a_client_limit_only_lowers_the_servers() {
+        assert_eq!(lower(Some(25), Some(50)), Some(25));
+        assert_eq!(lower(Some(50), Some(25)), Some(25));
+        assert_eq!(lower(Some(25), None), Some(25));
+        assert_eq!(lower(None, Some(25)), Some(25));
+        assert_eq!(lower::<u8>(None, None), None);
     }
 
     #[test]

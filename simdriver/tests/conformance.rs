@@ -283,6 +283,7 @@ fn mps_and_time_slicing_run_through_the_driver_tools_under_the_simulator_rules()
     let config = MpsDaemonConfig {
         pipe_dir: dir.path().join("pipe"),
         log_dir: dir.path().join("log"),
+        shm_dir: None,
         default_active_thread_percentage: Some(25),
         default_pinned_memory_limit_mib: Some(4096),
     };
@@ -292,11 +293,11 @@ fn mps_and_time_slicing_run_through_the_driver_tools_under_the_simulator_rules()
     };
     // The daemon's limits are in the hardware, where the simulator's rules see them.
     let state = d.root.open().expect("open").state();
-    let mps = state.gpus[0].mps.as_ref().expect("daemon recorded");
+    let mps = state.gpus[0].mps.first().expect("daemon recorded");
     assert_eq!(mps.pid, pid);
     assert_eq!(mps.config, config);
     assert!(matches!(
-        d.nvml.mps_state(0).expect("state"),
+        d.nvml.mps_state(0, &config.pipe_dir).expect("state"),
         MpsState::Running { .. }
     ));
     // MPS and time-slicing cannot share a GPU: refused by nvidia-smi with the reason.
@@ -312,9 +313,12 @@ fn mps_and_time_slicing_run_through_the_driver_tools_under_the_simulator_rules()
         "{}",
         tessera_gpu::backend::chain(&err)
     );
-    both(&d, "MPS stop", |b| b.stop_mps(0)).expect("stopped");
-    assert_eq!(d.nvml.mps_state(0).expect("state"), MpsState::Stopped);
-    assert!(d.root.open().expect("open").state().gpus[0].mps.is_none());
+    both(&d, "MPS stop", |b| b.stop_mps(0, &config)).expect("stopped");
+    assert_eq!(
+        d.nvml.mps_state(0, &config.pipe_dir).expect("state"),
+        MpsState::Stopped
+    );
+    assert!(d.root.open().expect("open").state().gpus[0].mps.is_empty());
     both(&d, "time-slicing", |b| b.set_time_slice(0, TimeSlice::Long)).expect("set");
     assert_eq!(
         d.root.open().expect("open").state().gpus[0].time_slice,

@@ -179,20 +179,17 @@ fn an_mps_client_needs_its_daemon() {
     let pipe = dir.path().join("pipe");
     nvml.set_compute_mode(0, ComputeMode::ExclusiveProcess)
         .unwrap();
-    nvml.start_mps(
-        0,
-        &MpsDaemonConfig {
-            pipe_dir: pipe.clone(),
-            log_dir: dir.path().join("log"),
-            ..MpsDaemonConfig::default()
-        },
-    )
-    .expect("daemon");
+    let config = MpsDaemonConfig {
+        pipe_dir: pipe.clone(),
+        log_dir: dir.path().join("log"),
+        ..MpsDaemonConfig::default()
+    };
+    nvml.start_mps(0, &config).expect("daemon");
     let gpu = &cuda::discover(&root, None).expect("the L4")[0];
     assert!(gpu.mps_pipe_needed);
     assert!(cuda::mps_daemon_reachable(&pipe));
     assert!(!cuda::mps_daemon_reachable(&dir.path().join("elsewhere")));
-    nvml.stop_mps(0).unwrap();
+    nvml.stop_mps(0, &config).unwrap();
 }
 
 /// The C ABI, through the dynamic loader: `dlopen("…/libcuda.so.1")` as a CUDA program's

@@ -126,6 +126,85 @@ pub enum Violation {
         /// What it shows.
         detail: String,
     },
+    /// A prepared MPS claim's control daemon is not running (once quiet): its pods have
+    /// no server.
+    MpsServerDown {
+        /// Node.
+        node: String,
+        /// Claim `ns/name`.
+        claim: String,
+    },
+    /// An MPS control daemon runs for no prepared claim (once quiet).
+    MpsDaemonLeaked {
+        /// Node.
+        node: String,
+        /// GPU index.
+        gpu: u32,
+        /// Its pipe directory.
+        pipe_dir: String,
+    },
+}
+
+/// Whether the simulated daemon `pid` (a process of this machine) still runs.
+fn daemon_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| !matches!(state, 'Z' | 'X' | 'x'))
+    })
+}
+
+/// The MPS rules at rest: every prepared MPS claim's daemon runs (one per claim and GPU,
+/// named by the claim's UID in its pipe directory), and no daemon runs for a claim the
+/// node's plugin no longer holds.
+fn mps_at_rest(n: &NodeView, out: &mut Vec<Violation>) {
+    let Some(h) = &n.hardware else { return };
+    let daemons: Vec<(u32, &tessera_gpu::backend::sim::SimMps)> = h
+        .gpus
+        .iter()
+        .flat_map(|g| g.mps.iter().map(move |m| (g.index, m)))
+        .collect();
+    let owner = |pipe: &std::path::Path| {
+        n.claims.values().find(|r| {
+            r.devices.iter().any(|d| {
+                matches!(d.kind, DeviceKind::Mps { .. })
+                    && pipe
+                        .to_string_lossy()
+                        .contains(&format!("{}-gpu{}", r.uid, d.gpu))
+            })
+        })
+    };
+    for r in n
+        .claims
+        .values()
+        .filter(|r| r.phase == ClaimPhase::PrepareCompleted)
+    {
+        for d in r
+            .devices
+            .iter()
+            .filter(|d| matches!(d.kind, DeviceKind::Mps { .. }))
+        {
+            let mine = format!("{}-gpu{}", r.uid, d.gpu);
+            let up = daemons.iter().any(|(_, m)| {
+                m.config.pipe_dir.to_string_lossy().contains(&mine) && daemon_alive(m.pid)
+            });
+            if !up {
+                out.push(Violation::MpsServerDown {
+                    node: n.name.clone(),
+                    claim: format!("{}/{}", r.namespace, r.name),
+                });
+            }
+        }
+    }
+    for (gpu, m) in daemons {
+        if daemon_alive(m.pid) && owner(&m.config.pipe_dir).is_none() {
+            out.push(Violation::MpsDaemonLeaked {
+                node: n.name.clone(),
+                gpu,
+                pipe_dir: m.config.pipe_dir.display().to_string(),
+            });
+        }
+    }
 }
 
 /// Rules that hold at every moment, faults or not.
@@ -234,9 +313,10 @@ fn two_shapes(n: &NodeView) -> Vec<Violation> {
     }
     if let Some(h) = &n.hardware {
         for g in &h.gpus {
-            let detail = if g.mps.is_some() && (g.mig_enabled || !g.instances.is_empty()) {
+            let detail = if !g.mps.is_empty() && (g.mig_enabled || !g.instances.is_empty()) {
                 Some("an MPS daemon runs while MIG mode is on")
-            } else if g.mps.is_some() && g.time_slice != tessera_gpu::backend::TimeSlice::Default {
+            } else if !g.mps.is_empty() && g.time_slice != tessera_gpu::backend::TimeSlice::Default
+            {
                 Some("an MPS daemon runs on a time-sliced GPU")
             } else {
                 None
@@ -282,6 +362,7 @@ fn non_mig_on_mig_gpus(n: &NodeView, running: &BTreeSet<&str>) -> Vec<Violation>
 pub fn at_rest(s: &Snapshot) -> Vec<Violation> {
     let mut out = always(s);
     for n in &s.nodes {
+        mps_at_rest(n, &mut out);
         let Some(h) = &n.hardware else { continue };
         for g in &h.gpus {
             for gi in &g.instances {
@@ -509,7 +590,7 @@ mod tests {
                 resettable: true,
                 compute_mode: Default::default(),
                 time_slice: Default::default(),
-                mps: None,
+                mps: Vec::new(),
                 instances,
                 lost: false,
             }],
@@ -695,10 +776,10 @@ mod tests {
         );
         // An MPS daemon on a GPU in MIG mode, whatever the records say.
         h.gpus[0].instances.clear();
-        h.gpus[0].mps = Some(tessera_gpu::backend::sim::SimMps {
+        h.gpus[0].mps = vec![tessera_gpu::backend::sim::SimMps {
             pid: 7,
             config: Default::default(),
-        });
+        }];
         let s = Snapshot {
             nodes: vec![node(h.clone(), vec![])],
             ..Snapshot::default()

@@ -17,6 +17,7 @@
 //! Everything random comes from the seed, so a run replays.
 
 pub mod invariants;
+mod mps;
 mod races;
 pub mod report;
 
@@ -102,6 +103,8 @@ pub enum Fault {
     AdaptiveMove,
     /// The driver refuses to destroy an instance the plugin's start-up recovery rolls back.
     DestroyRefused,
+    /// The MPS control daemon of a running MPS pod's claim is killed.
+    MpsDaemonKilled,
 }
 
 impl Fault {
@@ -123,6 +126,7 @@ impl Fault {
             Fault::PluginRestartMidChange => "plugin-restart-mid-change",
             Fault::AdaptiveMove => "adaptive-move",
             Fault::DestroyRefused => "destroy-refused",
+            Fault::MpsDaemonKilled => "mps-daemon-killed",
         }
     }
 }
@@ -131,7 +135,7 @@ impl Fault {
 /// twenty-three steps, every other kind once in each twenty-three, so a run of 2,300 steps
 /// makes a thousand plugin crashes and a hundred of every other kind, and even a short run
 /// covers all.
-pub const SCHEDULE: [Fault; 23] = [
+pub const SCHEDULE: [Fault; 24] = [
     Fault::PluginKill,
     Fault::PluginAbort,
     Fault::PolicyEdit,
@@ -155,6 +159,7 @@ pub const SCHEDULE: [Fault; 23] = [
     Fault::PluginKill,
     Fault::PluginUpgrade,
     Fault::CheckpointDir,
+    Fault::MpsDaemonKilled,
 ];
 
 /// The size of each node's checkpoint directory (a tmpfs the campaign can fill).
@@ -650,6 +655,7 @@ impl Campaign<'_> {
             Fault::PluginRestartMidChange => self.edit_policy(true).await?,
             Fault::AdaptiveMove => self.race_adaptive_move().await?,
             Fault::DestroyRefused => self.refuse_destroy_at_start_up().await?,
+            Fault::MpsDaemonKilled => self.kill_mps_daemon().await?,
         }
         Ok(())
     }
@@ -861,8 +867,8 @@ impl Campaign<'_> {
 
     /// Arms an abort after one hardware operation on the node whose shape makes it, makes
     /// a pod arrive or leave there, and restarts the plugin once it died. Only operations
-    /// the arrival or departure will make are chosen: an MPS daemon starts with the GPU's
-    /// first share and stops with its last; a GPU's time-slice is set when its policy
+    /// the arrival or departure will make are chosen: an MPS claim's daemon starts with it
+    /// and stops with it; a GPU's time-slice is set when its policy
     /// applies, not by claims, so it is not a point a pod reaches.
     async fn abort(&mut self) -> anyhow::Result<()> {
         let all = shapes();
@@ -887,15 +893,17 @@ impl Campaign<'_> {
                         }
                     }
                 }
-                "mps" if mine.is_empty() => {
+                // Every MPS claim has a daemon of its own: each arrival starts one, each
+                // departure stops one.
+                "mps" => {
                     candidates.push((i, None, AbortPoint::Hardware(shape.on_arrival[0])));
-                }
-                "mps" if mine.len() == 1 => {
-                    candidates.push((
-                        i,
-                        mine.first().cloned(),
-                        AbortPoint::Hardware(shape.on_departure[0]),
-                    ));
+                    if let Some(p) = mine.first() {
+                        candidates.push((
+                            i,
+                            Some(p.clone()),
+                            AbortPoint::Hardware(shape.on_departure[0]),
+                        ));
+                    }
                 }
                 _ => {}
             }

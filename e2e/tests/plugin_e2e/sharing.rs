@@ -151,15 +151,61 @@ async fn mig_mps_and_whole_gpu_pods_run_and_deleting_them_destroys_what_was_made
         claim.uid().unwrap()
     )))
     .unwrap();
+    // The container reaches the claim's own daemon through its pipe directory and shared
+    // memory; the limits are that daemon's, not variables a tenant could unset.
+    assert!(spec.contains("\"/dev/shm\""), "{spec}");
     assert!(
-        spec.contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25"),
+        !spec.contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
         "{spec}"
     );
-    assert!(
-        spec.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M"),
-        "{spec}"
+    let daemons = sim(&l4).gpus[1].mps.clone();
+    assert_eq!(daemons.len(), 1, "the claim's MPS daemon runs: {daemons:?}");
+    assert_eq!(daemons[0].config.default_active_thread_percentage, Some(25));
+    assert_eq!(
+        daemons[0].config.default_pinned_memory_limit_mib,
+        Some(4096)
     );
-    assert!(sim(&l4).gpus[1].mps.is_some(), "the MPS daemon runs");
+    assert!(
+        daemons[0]
+            .config
+            .pipe_dir
+            .to_string_lossy()
+            .contains(&claim.uid().unwrap()),
+        "one daemon per claim: {daemons:?}"
+    );
+    // The daemon dies under its claim (an OOM kill, a crash): the plugin's next pass
+    // starts it again with the claim's limits, and the claim's status tells its pods.
+    let killed = daemons[0].clone();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(killed.pid).unwrap()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+    let mps_claim = claim.name_any();
+    tessera_e2e::wait::eventually(
+        "the MPS daemon to run again and the claim to say so",
+        WAIT,
+        || async {
+            let again = sim(&l4).gpus[1].mps.first().cloned()?;
+            let told = claims
+                .get(&mps_claim)
+                .await
+                .ok()?
+                .status?
+                .devices?
+                .iter()
+                .flat_map(|d| d.conditions.iter().flatten())
+                .any(|c| c.type_ == "MPSServerReady" && c.reason == "DaemonRestarted");
+            (again.pid != killed.pid
+                && again.config.default_active_thread_percentage == Some(25)
+                && tessera_simdriver::cuda::mps_daemon_reachable(&again.config.pipe_dir)
+                && told)
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap();
 
     let whole = wait_running(&client, "whole").await;
     let claim = claim_of(&client, &whole).await;
@@ -210,8 +256,8 @@ async fn mig_mps_and_whole_gpu_pods_run_and_deleting_them_destroys_what_was_made
         state.gpus
     );
     assert!(
-        sim(&l4).gpus[1].mps.is_none(),
-        "the MPS daemon stops with its last client"
+        sim(&l4).gpus[1].mps.is_empty(),
+        "the claim's MPS daemon stops with its claim"
     );
     assert_eq!(
         std::fs::read_dir(h100.cdi_dir()).unwrap().count(),
@@ -323,7 +369,7 @@ async fn mig_mps_and_whole_gpu_pods_run_and_deleting_them_destroys_what_was_made
         !gpu0.mig_enabled,
         "MPS on a GPU in MIG mode runs no CUDA work"
     );
-    assert!(gpu0.mps.is_some());
+    assert_eq!(gpu0.mps.len(), 1);
     cluster::wait_for(
         &gpunodes,
         "h100-node",

@@ -12,6 +12,8 @@ mod types;
 
 pub use types::*;
 
+use std::path::{Path, PathBuf};
+
 use crate::catalog::MigLayout;
 
 /// A source of GPU facts and the operations on them. Implementations serialise calls
@@ -58,21 +60,30 @@ pub trait GpuBackend: Send + Sync {
     /// compute instances.
     fn destroy_gpu_instance(&self, gpu: u32, gi: u32) -> Result<(), BackendError>;
 
-    /// Starts the MPS control daemon for `gpu` (idempotent).
+    /// Starts the MPS control daemon `config` describes for `gpu`, or adopts the one that
+    /// answers on its pipe directory (idempotent). A GPU may run several daemons, one per
+    /// pipe directory, each with its own server and limits.
     fn start_mps(&self, gpu: u32, config: &MpsDaemonConfig) -> Result<MpsState, BackendError>;
 
-    /// Stops the MPS control daemon for `gpu` (idempotent).
-    fn stop_mps(&self, gpu: u32) -> Result<(), BackendError>;
+    /// Stops the MPS control daemon `config` describes (its pipe directory names it) and
+    /// releases what its start set up (idempotent).
+    fn stop_mps(&self, gpu: u32, config: &MpsDaemonConfig) -> Result<(), BackendError>;
 
-    /// The MPS daemon state of `gpu`.
-    fn mps_state(&self, gpu: u32) -> Result<MpsState, BackendError>;
+    /// The state of the MPS control daemon of `gpu` whose pipe directory is `pipe_dir`.
+    fn mps_state(&self, gpu: u32, pipe_dir: &Path) -> Result<MpsState, BackendError>;
 
-    /// Whether `gpu`'s MPS daemon is known to run without blocking to find out (no process
-    /// to start, no driver call). `false` means "ask [`GpuBackend::mps_state`]", not
-    /// "stopped". Every MPS prepare checks its GPU's daemon; this spares the common case
-    /// the hop off the runtime's worker that a blocking check needs.
-    fn mps_known_running(&self, gpu: u32) -> bool {
-        let _ = gpu;
+    /// The pipe directories of the MPS control daemons this backend knows to run on `gpu`
+    /// (a daemon started before a restart is known once [`GpuBackend::start_mps`] or
+    /// [`GpuBackend::mps_state`] has adopted it).
+    fn mps_daemons(&self, gpu: u32) -> Result<Vec<PathBuf>, BackendError>;
+
+    /// Whether the daemon of `gpu` on `pipe_dir` is known to run without blocking to find
+    /// out (no process to start, no driver call). `false` means "ask
+    /// [`GpuBackend::mps_state`]", not "stopped". Every MPS prepare checks its daemon;
+    /// this spares the common case the hop off the runtime's worker that a blocking check
+    /// needs.
+    fn mps_known_running(&self, gpu: u32, pipe_dir: &Path) -> bool {
+        let _ = (gpu, pipe_dir);
         false
     }
 

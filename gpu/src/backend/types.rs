@@ -188,7 +188,9 @@ impl TimeSlice {
     }
 }
 
-/// How to run the MPS control daemon of a GPU.
+/// How to run one MPS control daemon on a GPU. A GPU may run several (one per claim, each
+/// with its own server and limits); the pipe directory is a daemon's identity, as it is
+/// for MPS itself (a second daemon on the same directory refuses to start).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MpsDaemonConfig {
@@ -196,10 +198,37 @@ pub struct MpsDaemonConfig {
     pub pipe_dir: PathBuf,
     /// `CUDA_MPS_LOG_DIRECTORY`.
     pub log_dir: PathBuf,
-    /// `set_default_active_thread_percentage`.
+    /// The directory the daemon and its server see as `/dev/shm`, shared with every client
+    /// (MPS server and clients communicate through shared memory there as well as through
+    /// the pipe directory); `None` leaves the daemon the `/dev/shm` of where it runs.
+    #[serde(default)]
+    pub shm_dir: Option<PathBuf>,
+    /// The servers' active thread percentage, set in the daemon's environment
+    /// (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) so that every server it starts, after a
+    /// restart too, has it before any client connects; a client's own setting only lowers
+    /// it.
     pub default_active_thread_percentage: Option<u8>,
-    /// `set_default_device_pinned_mem_limit`, in MiB.
+    /// The servers' pinned device memory limit in MiB, set the same way
+    /// (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`).
     pub default_pinned_memory_limit_mib: Option<u64>,
+}
+
+impl MpsDaemonConfig {
+    /// The environment that gives the daemon's servers their limits: MPS reads these
+    /// variables in the control daemon's environment as its defaults (MPS documentation,
+    /// environment variables), which `set_default_*` commands would otherwise set and a
+    /// `quit` would lose.
+    pub fn limit_env(&self) -> Vec<(&'static str, String)> {
+        let mut env = Vec::new();
+        if let Some(p) = self.default_active_thread_percentage {
+            env.push((crate::mps::ENV_ACTIVE_THREAD_PERCENTAGE, p.to_string()));
+        }
+        if let Some(m) = self.default_pinned_memory_limit_mib {
+            // Device 0 is the only device the daemon sees (CUDA_VISIBLE_DEVICES=<uuid>).
+            env.push((crate::mps::ENV_PINNED_DEVICE_MEM_LIMIT, format!("0={m}M")));
+        }
+        env
+    }
 }
 
 /// State of a GPU's MPS control daemon.

@@ -8,10 +8,11 @@
 //! not take for a passing reason (overload, unavailable, connection lost) is retried a few
 //! times with backoff.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;
+use tessera_api::conditions::{reasons, types};
 use tokio::sync::Semaphore;
 use tracing::{debug, warn};
 
@@ -67,6 +68,18 @@ impl ClaimStatusWriter {
 
     /// Queues the write of `record` (just completed) into `claim`'s status.
     pub(super) fn queue(&self, claim: &ClaimRef, record: &ClaimRecord) {
+        self.queue_with(claim, record, BTreeMap::new());
+    }
+
+    /// Queues the write of `record` with `restarts`: how often the MPS control daemon of
+    /// each of its devices (by device name) was restarted under it, which the device's
+    /// `MPSServerReady` condition tells the claim's pods.
+    pub(super) fn queue_with(
+        &self,
+        claim: &ClaimRef,
+        record: &ClaimRecord,
+        restarts: BTreeMap<String, u32>,
+    ) {
         let (api, driver_name, metrics) = (
             self.api.clone(),
             self.driver_name.clone(),
@@ -96,7 +109,7 @@ impl ClaimStatusWriter {
                     metrics.status_writes_skipped.inc();
                     break;
                 }
-                match api.apply_status(&claim.namespace, &claim.name, patch(&driver_name, &claim, &record)).await {
+                match api.apply_status(&claim.namespace, &claim.name, patch(&driver_name, &claim, &record, &restarts)).await {
                     Ok(()) => break,
                     Err(kube::Error::Api(s)) if s.code == 404 => {
                         debug!(claim = %claim, "claim deleted before its status write");
@@ -122,6 +135,33 @@ impl ClaimStatusWriter {
     }
 }
 
+/// The `MPSServerReady` condition of an MPS device whose daemon was restarted `restarts`
+/// times under the claim.
+fn mps_condition(restarts: u32) -> serde_json::Value {
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    let now = k8s_openapi::jiff::Timestamp::from_second(now).unwrap_or_default();
+    let (reason, message) = if restarts == 0 {
+        (
+            reasons::DAEMON_RUNNING,
+            "the claim's MPS control daemon runs with the claim's limits".to_string(),
+        )
+    } else {
+        (
+            reasons::DAEMON_RESTARTED,
+            format!(
+                "the claim's MPS control daemon stopped and was restarted ({restarts} time(s)); CUDA processes connected before a restart lost their server and must be restarted"
+            ),
+        )
+    };
+    json!({
+        "type": types::MPS_SERVER_READY,
+        "status": "True",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now.to_string(),
+    })
+}
+
 /// Whether a failed write may succeed when sent again unchanged: the API server was
 /// overloaded, unavailable or unreachable. A refusal (invalid, forbidden) stays a refusal.
 fn worth_retrying(e: &kube::Error) -> bool {
@@ -133,7 +173,12 @@ fn worth_retrying(e: &kube::Error) -> bool {
 
 /// Our entries of `status.devices` (one per device we prepared), to server-side apply as
 /// our own field manager: other drivers' entries on the same claim are left alone.
-fn patch(driver_name: &str, c: &ClaimRef, rec: &ClaimRecord) -> serde_json::Value {
+fn patch(
+    driver_name: &str,
+    c: &ClaimRef,
+    rec: &ClaimRecord,
+    restarts: &BTreeMap<String, u32>,
+) -> serde_json::Value {
     let devices: Vec<serde_json::Value> = rec
         .devices
         .iter()
@@ -168,6 +213,10 @@ fn patch(driver_name: &str, c: &ClaimRef, rec: &ClaimRecord) -> serde_json::Valu
                 json!({"driver": driver_name, "pool": d.pool, "device": d.device, "data": data});
             if let Some(s) = &d.share_id {
                 v["shareID"] = json!(s);
+            }
+            if matches!(d.kind, DeviceKind::Mps { .. }) {
+                v["conditions"] =
+                    json!([mps_condition(restarts.get(&d.device).copied().unwrap_or(0))]);
             }
             v
         })

@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use tessera_api::GpuNodeSpec;
 use tessera_gpu::{
     Occupancy, Placement,
-    backend::{ComputeMode, GpuInfo, MigInstance, MpsState, TimeSlice},
+    backend::{ComputeMode, GpuInfo, MigInstance, TimeSlice},
     catalog::MigLayout,
 };
 use tracing::{info, warn};
@@ -164,6 +164,11 @@ impl Keeper {
     /// See [`Driver::hold`].
     pub async fn hold(&self, wants: &BTreeMap<u32, GpuWant>) -> HoldReport {
         self.0.hold(wants).await
+    }
+
+    /// See [`Driver::supervise_mps`].
+    pub async fn supervise_mps(&self) -> BTreeMap<u32, bool> {
+        self.0.supervise_mps().await
     }
 }
 
@@ -351,10 +356,11 @@ impl Driver {
                 "GPU {gpu}: MIG mode {mode} waits until nothing uses the GPU (now: {users})"
             )));
         }
-        let mps = self.on_hardware(move |b| b.mps_state(gpu)).await?;
-        if matches!(mps, MpsState::Running { .. }) {
+        let daemons = self.on_hardware(move |b| b.mps_daemons(gpu)).await?;
+        if !daemons.is_empty() {
             return Ok(Step::Incomplete(format!(
-                "GPU {gpu}: MIG mode {mode} waits until its MPS daemon stops"
+                "GPU {gpu}: MIG mode {mode} waits until its {} MPS daemon(s) stop",
+                daemons.len()
             )));
         }
         let change = self

@@ -10,6 +10,7 @@ mod claim_status;
 #[cfg(test)]
 mod fake;
 mod layout;
+mod mps;
 mod pending;
 mod prepare;
 mod recovery;
@@ -238,6 +239,8 @@ pub struct Driver {
     time_slices: std::sync::Mutex<BTreeMap<u32, tessera_gpu::backend::TimeSlice>>,
     /// Claims start-up recovery could not settle, by UID: their GPUs and what to report.
     stuck: std::sync::Mutex<BTreeMap<String, (BTreeSet<u32>, String)>>,
+    /// How often each prepared MPS device's daemon was restarted, by claim UID and device.
+    mps_restarts: std::sync::Mutex<BTreeMap<(String, String), u32>>,
 }
 
 pub use claim_status::STATUS_WRITES_IN_FLIGHT;
@@ -258,7 +261,7 @@ pub struct DriverConfig {
     pub claims: Arc<dyn ClaimApi>,
     /// CDI spec directory writer.
     pub cdi: CdiWriter,
-    /// Where per-GPU MPS pipe and log directories live.
+    /// Where the MPS daemons' directories live (one per claim and GPU).
     pub mps_root: PathBuf,
     /// Where the driver publishes MIG capabilities (see [`crate::devnodes`]).
     pub caps_root: PathBuf,
@@ -316,6 +319,7 @@ impl Driver {
             status_writer,
             time_slices: std::sync::Mutex::new(BTreeMap::new()),
             stuck: std::sync::Mutex::new(BTreeMap::new()),
+            mps_restarts: std::sync::Mutex::default(),
         }))
     }
 

@@ -2,9 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use tessera_gpu::backend::{
-    BackendError, ComputeMode, ErrorKind, MpsDaemonConfig, MpsState, Operation,
-};
+use tessera_gpu::backend::{BackendError, ErrorKind, Operation};
 use tracing::{info, warn};
 
 use super::{ClaimError, Driver};
@@ -69,7 +67,7 @@ impl Driver {
         self.save_record(&record).await?;
 
         for i in 0..devices.len() {
-            if let Err(e) = self.make(&mut devices[i]).await {
+            if let Err(e) = self.make(&c.uid, &mut devices[i]).await {
                 record.devices = devices.clone();
                 if let Err(rb) = self.rollback(&record).await {
                     warn!(claim = %c, error = %crate::error_chain(&rb), "rollback after a failed prepare also failed; the next start-up retries it");
@@ -202,8 +200,8 @@ impl Driver {
         Ok(())
     }
 
-    /// Makes one device on the hardware.
-    async fn make(&self, d: &mut DeviceRecord) -> Result<(), ClaimError> {
+    /// Makes one device of claim `uid` on the hardware.
+    async fn make(&self, uid: &str, d: &mut DeviceRecord) -> Result<(), ClaimError> {
         let gpu = d.gpu;
         match &mut d.kind {
             DeviceKind::Mig { held: true, .. } => {}
@@ -244,47 +242,8 @@ impl Driver {
                         .await?;
                 }
             }
-            // Its daemon already runs (every prepare but a GPU's first): nothing to do, and
-            // no hop off the runtime's worker to find that out. A daemon runs only on a
-            // GPU with MIG mode off.
-            DeviceKind::Mps { .. } if self.backend.mps_known_running(gpu) => {}
-            DeviceKind::Mps { .. } => {
-                let mig_capable = self.gpus().layouts.contains_key(&gpu);
-                let pipe_dir = self.mps_root.join(format!("gpu-{gpu}")).join("pipe");
-                let log_dir = self.mps_root.join(format!("gpu-{gpu}")).join("log");
-                let started = std::time::Instant::now();
-                self.on_hardware(move |b| {
-                    if matches!(b.mps_state(gpu)?, MpsState::Running { .. }) {
-                        return Ok(());
-                    }
-                    if mig_capable {
-                        ensure_mig_mode(b, gpu, false)?;
-                    }
-                    for dir in [&pipe_dir, &log_dir] {
-                        std::fs::create_dir_all(dir).map_err(|e| {
-                            BackendError::new(
-                                gpu,
-                                Operation::StartMps,
-                                ErrorKind::io(format!("creating {}", dir.display()), e),
-                            )
-                        })?;
-                    }
-                    // MPS needs EXCLUSIVE_PROCESS so that only the MPS server owns a context.
-                    b.set_compute_mode(gpu, ComputeMode::ExclusiveProcess)?;
-                    b.start_mps(
-                        gpu,
-                        &MpsDaemonConfig {
-                            pipe_dir,
-                            log_dir,
-                            ..MpsDaemonConfig::default()
-                        },
-                    )
-                    .map(|_| ())
-                })
-                .await?;
-                self.metrics
-                    .observe_hardware("start_mps", started.elapsed());
-            }
+            // The claim's own daemon, with its limits (see `super::mps`).
+            DeviceKind::Mps { .. } => self.start_mps_daemon(uid, d).await?,
         }
         Ok(())
     }
@@ -292,13 +251,14 @@ impl Driver {
     /// The container edits of one device.
     fn cdi_device(&self, uid: &str, d: &DeviceRecord) -> Result<CdiDevice, ClaimError> {
         let gpu = self.gpus().gpu(d.gpu);
-        let pipe_dir = self.mps_root.join(format!("gpu-{}", d.gpu)).join("pipe");
+        let pipe_dir = self.mps_pipe_dir(uid, d.gpu);
+        let shm_dir = self.mps_shm_dir(uid, d.gpu);
         let ctx = device_edits::Context {
             files: self.cdi.files(),
             caps_root: &self.caps_root,
             minor: gpu.and_then(|g| g.minor_number),
-            gpu_memory_mib: gpu.map_or(u64::MAX, |g| g.memory_mib),
             mps_pipe_dir: &pipe_dir,
+            mps_shm_dir: &shm_dir,
         };
         let container_edits =
             device_edits::edits(d, &ctx).map_err(|source| cdi::Error::Device {
@@ -315,7 +275,7 @@ impl Driver {
 /// Puts a GPU in the MIG mode a device needs. Reset-less GPUs (Hopper and newer) switch at
 /// once when idle; others report that a reset is pending, which fails the claim with a
 /// message a person can act on.
-fn ensure_mig_mode(
+pub(super) fn ensure_mig_mode(
     b: &dyn tessera_gpu::backend::GpuBackend,
     gpu: u32,
     enabled: bool,

@@ -114,6 +114,7 @@ impl Driver {
             warn!(instances = ?report.foreign_instances, "MIG instances not made by Tessera are present; they are reported, never destroyed, and their slices are not offered");
         }
         drop(cp);
+        self.sweep_mps_dirs().await;
         self.state.notify_changed();
         Ok(report)
     }

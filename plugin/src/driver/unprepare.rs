@@ -2,7 +2,6 @@
 
 use std::collections::BTreeSet;
 
-use tessera_gpu::backend::{ComputeMode, MpsState};
 use tracing::{info, warn};
 
 use super::{ClaimError, Driver};
@@ -73,25 +72,14 @@ impl Driver {
                     self.metrics
                         .observe_hardware("destroy_mig_device", started.elapsed());
                 }
+                // The claim's own daemon: its clients are the claim's containers, gone
+                // by now.
                 DeviceKind::Mps { .. } => {
-                    let gpu = d.gpu;
-                    let others = self.claims.lock().await.claims.values().any(|o| {
-                        o.uid != rec.uid
-                            && o.devices.iter().any(|od| {
-                                od.gpu == gpu && matches!(od.kind, DeviceKind::Mps { .. })
-                            })
-                    });
-                    if !others {
-                        // Last client gone: stop the daemon and give the GPU back its
-                        // default compute mode.
-                        self.on_hardware(move |b| {
-                            if matches!(b.mps_state(gpu)?, MpsState::Running { .. }) {
-                                b.stop_mps(gpu)?;
-                            }
-                            b.set_compute_mode(gpu, ComputeMode::Default)
-                        })
-                        .await?;
-                    }
+                    self.stop_mps_daemon(&rec.uid, d).await?;
+                    self.mps_restarts
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .retain(|(uid, _), _| *uid != rec.uid);
                 }
                 DeviceKind::Gpu { .. } | DeviceKind::TimeSlice { .. } => {}
             }

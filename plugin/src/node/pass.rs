@@ -226,18 +226,19 @@ impl NodeLoop {
         Ok(())
     }
 
-    /// Whether each MPS GPU's control daemon runs, as the backend says.
+    /// Whether all the MPS daemons of each MPS GPU's claims run, once the driver has
+    /// checked them (adopting or restarting any that stopped: [`crate::driver::Keeper::supervise_mps`]).
+    /// An MPS GPU without claims has none to run.
     pub(super) async fn mps_running(&self, offers: &[slices::GpuOffer]) -> BTreeMap<u32, bool> {
-        let gpus: Vec<u32> = self
-            .state
+        let supervised = self.keeper.supervise_mps().await;
+        self.state
             .gpus()
             .gpus
             .iter()
             .zip(offers)
             .filter(|(_, o)| matches!(o, slices::GpuOffer::Mps { .. }))
-            .map(|(g, _)| g.index)
-            .collect();
-        self.state.mps_running(gpus).await
+            .map(|(g, _)| (g.index, supervised.get(&g.index).copied().unwrap_or(true)))
+            .collect()
     }
 
     /// The claims allocated on (from the watch cache) and prepared for (the checkpoint)

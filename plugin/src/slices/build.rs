@@ -21,7 +21,7 @@ use k8s_openapi::{
     },
     apimachinery::pkg::api::resource::Quantity,
 };
-use tessera_api::constants::{SWITCH_FAILED_CONDITION, SWITCHED_CONDITION, device_type};
+use tessera_api::constants::{SWITCH_FAILED_CONDITION, SWITCHED_CONDITION, device_type, isolation};
 use tessera_gpu::{
     Occupancy, Placement,
     backend::GpuInfo,
@@ -452,6 +452,7 @@ fn mig_device(
     let consumes = scheme.placement_consumption(info.index, layout, p).ok()?;
     let mut attributes = base.clone();
     attributes.insert("type".into(), string(device_type::MIG));
+    attributes.insert("isolation".into(), string(isolation::HARDWARE));
     attributes.insert("profile".into(), string(&profile.name));
     attributes.insert("placementStart".into(), int(i64::from(p.start)));
     attributes.insert(
@@ -479,6 +480,7 @@ fn mig_device(
 fn whole_gpu(info: &GpuInfo, base: &BTreeMap<String, DeviceAttribute>) -> Device {
     let mut attributes = base.clone();
     attributes.insert("type".into(), string(device_type::GPU));
+    attributes.insert("isolation".into(), string(isolation::EXCLUSIVE));
     let mut capacity = BTreeMap::new();
     capacity.insert(capacity::MEMORY.into(), cap(quantity::mib(info.memory_mib)));
     Device {
@@ -498,6 +500,7 @@ fn mps_device(
 ) -> Device {
     let mut attributes = base.clone();
     attributes.insert("type".into(), string(device_type::MPS));
+    attributes.insert("isolation".into(), string(isolation::MPS_LIMITS));
     let mut capacity = BTreeMap::new();
     // Compute shares alone would let a hundred 1 % claims onto a GPU whose MPS server
     // takes at most 48 clients: every claim also consumes one client slot.
@@ -566,6 +569,7 @@ fn timeslice_device(
 ) -> Device {
     let mut attributes = base.clone();
     attributes.insert("type".into(), string(device_type::TIMESLICE));
+    attributes.insert("isolation".into(), string(isolation::NONE));
     let mut capacity = BTreeMap::new();
     capacity.insert(capacity::CLIENTS.into(), one_per_claim(max_clients));
     Device {

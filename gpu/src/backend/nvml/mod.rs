@@ -21,6 +21,7 @@ pub mod root;
 
 use std::{
     ffi::OsStr,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex, MutexGuard, Once, atomic::AtomicBool},
 };
 
@@ -482,20 +483,24 @@ impl GpuBackend for NvmlBackend {
             .map_err(|k| BackendError::new(gpu, Operation::StartMps, k))
     }
 
-    fn stop_mps(&self, gpu: u32) -> Result<(), BackendError> {
+    fn stop_mps(&self, gpu: u32, config: &MpsDaemonConfig) -> Result<(), BackendError> {
         self.mps
-            .stop(gpu)
+            .stop(config)
             .map_err(|k| BackendError::new(gpu, Operation::StopMps, k))
     }
 
-    fn mps_state(&self, gpu: u32) -> Result<MpsState, BackendError> {
+    fn mps_state(&self, gpu: u32, pipe_dir: &Path) -> Result<MpsState, BackendError> {
         self.mps
-            .state(gpu)
+            .state(gpu, pipe_dir)
             .map_err(|k| BackendError::new(gpu, Operation::MpsState, k))
     }
 
-    fn mps_known_running(&self, gpu: u32) -> bool {
-        self.mps.known_running(gpu)
+    fn mps_daemons(&self, gpu: u32) -> Result<Vec<PathBuf>, BackendError> {
+        Ok(self.mps.daemons(gpu))
+    }
+
+    fn mps_known_running(&self, _gpu: u32, pipe_dir: &Path) -> bool {
+        self.mps.known_running(pipe_dir)
     }
 
     fn set_compute_mode(&self, gpu: u32, mode: ComputeMode) -> Result<(), BackendError> {

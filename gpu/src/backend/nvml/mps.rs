@@ -1,19 +1,30 @@
 //! MPS control through `nvidia-cuda-mps-control` (`gpu-hardware.md` §8.1).
 //!
-//! One control daemon per GPU, each with its own pipe and log directory and
-//! `CUDA_VISIBLE_DEVICES=<GPU UUID>`. The daemon runs in the foreground (`-f`) as a child
-//! of the plugin so its pid is known; it keeps running if the plugin restarts. The state
-//! check reads that process in `/proc`, else asks the daemon itself (`get_server_list` on
-//! its pipe directory), so a restarted plugin that calls [`Mps::start`] again with the
-//! same configuration adopts it.
+//! Several control daemons may serve one GPU, each on its own pipe directory (its
+//! identity), with its own log directory, its own `/dev/shm` and its servers' limits in its
+//! environment, and `CUDA_VISIBLE_DEVICES=<GPU UUID>`. A daemon runs in the foreground
+//! (`-f`) as a child of the caller so its pid is known. With a shared-memory directory, the
+//! daemon runs in a mount namespace of its own where that directory, a tmpfs, is
+//! `/dev/shm`: MPS server and clients communicate through shared memory there as well as
+//! through the pipe directory, and the clients get the same tmpfs as their `/dev/shm`
+//! (`containers.md` §4.1). The state check reads the daemon's process in `/proc`, else
+//! asks the daemon itself (`get_server_list` on its pipe directory), so a restarted
+//! caller that asks again with the same configuration adopts it.
+
+// The daemon's mount namespace is set up between fork and exec (`pre_exec`).
+#![allow(unsafe_code)]
 
 use std::{
     collections::HashMap,
+    ffi::CString,
     io::Write,
+    os::unix::{ffi::OsStrExt, process::CommandExt},
     path::{Path, PathBuf},
     process::{Command, Stdio},
     sync::Mutex,
 };
+
+use rustix::mount::{MountFlags, MountPropagationFlags};
 
 use crate::backend::{ErrorKind, MpsDaemonConfig, MpsState};
 
@@ -24,11 +35,18 @@ pub const MPS_CONTROL: &str = "nvidia-cuda-mps-control";
 /// failed.
 const MPS_START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Known daemons, by GPU index.
+/// The tmpfs behind a daemon's `/dev/shm`: at most half the node's memory, as NVIDIA's
+/// DRA driver sizes it; pages are used only as the server and clients write them.
+const SHM_OPTIONS: &std::ffi::CStr = c"size=50%,mode=1777";
+
+/// A known daemon: its configuration and pid.
+type Known = (MpsDaemonConfig, u32, u32);
+
+/// Known daemons, by pipe directory.
 pub struct Mps {
     /// The control binary of the driver in use.
     binary: PathBuf,
-    daemons: Mutex<HashMap<u32, (MpsDaemonConfig, u32)>>,
+    daemons: Mutex<HashMap<PathBuf, Known>>,
 }
 
 fn control(binary: &Path, config: &MpsDaemonConfig, command: &str) -> Result<String, ErrorKind> {
@@ -57,6 +75,102 @@ fn control(binary: &Path, config: &MpsDaemonConfig, command: &str) -> Result<Str
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// A path as the C string a syscall takes, made before fork: the child may not allocate.
+fn c_path(path: &Path) -> Result<CString, ErrorKind> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|e| {
+        ErrorKind::io(
+            format!("the path {} for a mount", path.display()),
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+        )
+    })
+}
+
+/// Whether `dir` is a mount point (its device differs from its parent's).
+fn is_mount_point(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(here), Some(Ok(parent))) =
+        (std::fs::metadata(dir), dir.parent().map(std::fs::metadata))
+    else {
+        return false;
+    };
+    here.dev() != parent.dev()
+}
+
+/// Mounts the tmpfs a daemon and its clients share as `/dev/shm` on `dir`, unless one is
+/// there (a daemon adopted after a restart keeps its own).
+fn mount_shm(dir: &Path) -> Result<(), ErrorKind> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| ErrorKind::io(format!("creating {}", dir.display()), e))?;
+    if is_mount_point(dir) {
+        return Ok(());
+    }
+    rustix::mount::mount(
+        "tessera-mps-shm",
+        dir,
+        "tmpfs",
+        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        SHM_OPTIONS,
+    )
+    .map_err(|e| ErrorKind::io(format!("mounting a tmpfs on {}", dir.display()), e.into()))
+}
+
+/// Unmounts the shared-memory tmpfs of a stopped daemon; nothing mounted is fine.
+pub fn unmount_shm(dir: &Path) -> Result<(), ErrorKind> {
+    if !is_mount_point(dir) {
+        return Ok(());
+    }
+    rustix::mount::unmount(dir, rustix::mount::UnmountFlags::DETACH).map_err(|e| {
+        ErrorKind::io(
+            format!("unmounting the tmpfs on {}", dir.display()),
+            e.into(),
+        )
+    })
+}
+
+/// The daemon's command: its environment, and with a shared-memory directory, a mount
+/// namespace of its own where that directory is `/dev/shm`.
+fn daemon_command(
+    binary: &Path,
+    uuid: &str,
+    config: &MpsDaemonConfig,
+) -> Result<Command, ErrorKind> {
+    let mut cmd = Command::new(binary);
+    cmd.arg("-f")
+        .env("CUDA_VISIBLE_DEVICES", uuid)
+        .env("CUDA_MPS_PIPE_DIRECTORY", &config.pipe_dir)
+        .env("CUDA_MPS_LOG_DIRECTORY", &config.log_dir)
+        .env_remove(crate::mps::ENV_ACTIVE_THREAD_PERCENTAGE)
+        .env_remove(crate::mps::ENV_PINNED_DEVICE_MEM_LIMIT)
+        .envs(config.limit_env())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if let Some(shm) = &config.shm_dir {
+        let (shm, dev_shm, root) = (
+            c_path(shm)?,
+            c_path(Path::new("/dev/shm"))?,
+            c_path(Path::new("/"))?,
+        );
+        // SAFETY: between fork and exec the closure makes three system calls through
+        // rustix on C strings made before the fork; it allocates nothing and touches no
+        // lock, so it is async-signal-safe. Unsharing the mount namespace (not the file
+        // table) affects only the child.
+        unsafe {
+            cmd.pre_exec(move || {
+                rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS)?;
+                // Nothing mounted here reaches the caller's namespace.
+                rustix::mount::mount_change(
+                    root.as_c_str(),
+                    MountPropagationFlags::DOWNSTREAM | MountPropagationFlags::REC,
+                )?;
+                rustix::mount::mount_bind(shm.as_c_str(), dev_shm.as_c_str())?;
+                Ok(())
+            });
+        }
+    }
+    Ok(cmd)
+}
+
 impl Mps {
     /// Daemons run with `binary` (`nvidia-cuda-mps-control` of the driver in use).
     pub fn new(binary: PathBuf) -> Self {
@@ -66,7 +180,7 @@ impl Mps {
         }
     }
 
-    /// Starts (or adopts) the daemon of GPU `gpu` with UUID `uuid`.
+    /// Starts (or adopts) the daemon `config` describes for GPU `gpu` with UUID `uuid`.
     pub fn start(
         &self,
         gpu: u32,
@@ -74,31 +188,39 @@ impl Mps {
         config: &MpsDaemonConfig,
     ) -> Result<MpsState, ErrorKind> {
         let mut daemons = self.daemons.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((c, pid)) = daemons.get(&gpu) {
-            if c == config && answers(&self.binary, config, *pid) {
-                return Ok(MpsState::Running {
-                    pid: *pid,
-                    config: c.clone(),
-                });
+        if let Some((c, pid, _)) = daemons.get(&config.pipe_dir).cloned()
+            && answers(&self.binary, &c, pid)
+        {
+            // One adopted by asking (pid 0) had no known configuration: it is the caller's.
+            if c != *config && pid != 0 {
+                return Err(ErrorKind::InUse(format!(
+                    "an MPS control daemon with another configuration runs on {}; stop it first",
+                    config.pipe_dir.display()
+                )));
             }
-            if c != config {
-                return Err(ErrorKind::InUse(
-                    "MPS is running with another configuration; stop it first".into(),
-                ));
-            }
+            daemons.insert(config.pipe_dir.clone(), (config.clone(), pid, gpu));
+            return Ok(MpsState::Running {
+                pid,
+                config: config.clone(),
+            });
         }
         for dir in [&config.pipe_dir, &config.log_dir] {
             std::fs::create_dir_all(dir)
                 .map_err(|e| ErrorKind::io(format!("creating {}", dir.display()), e))?;
         }
-        let mut child = Command::new(&self.binary)
-            .arg("-f")
-            .env("CUDA_VISIBLE_DEVICES", uuid)
-            .env("CUDA_MPS_PIPE_DIRECTORY", &config.pipe_dir)
-            .env("CUDA_MPS_LOG_DIRECTORY", &config.log_dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+        if let Some(shm) = &config.shm_dir {
+            mount_shm(shm)?;
+        }
+        // One that answers already (started before the caller restarted) is adopted: a
+        // second would refuse the pipe directory anyway.
+        if control(&self.binary, config, "get_server_list").is_ok() {
+            daemons.insert(config.pipe_dir.clone(), (config.clone(), 0, gpu));
+            return Ok(MpsState::Running {
+                pid: 0,
+                config: config.clone(),
+            });
+        }
+        let mut child = daemon_command(&self.binary, uuid, config)?
             .spawn()
             .map_err(|e| ErrorKind::io(format!("starting {MPS_CONTROL} -f"), e))?;
         let pid = child.id();
@@ -119,72 +241,92 @@ impl Mps {
                 });
             }
             if std::time::Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
                 return Err(e);
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(std::time::Duration::from_millis(100));
         }
-        // The daemon must outlive a plugin restart, so the child is not waited for; one
-        // that exited because another daemon already answers is reaped here.
-        let _ = child.try_wait();
-        drop(child);
-        if let Some(p) = config.default_active_thread_percentage {
-            control(
-                &self.binary,
-                config,
-                &format!("set_default_active_thread_percentage {p}"),
-            )?;
+        // The daemon must outlive a restart of its caller, so nothing waits for it to
+        // exit but a thread that reaps it when it does (a quit, a crash): a dead daemon
+        // left a zombie would read as alive to a `kill -0`, and zombies would pile up.
+        if let Err(e) = std::thread::Builder::new()
+            .name("mps-reaper".into())
+            .spawn(move || child.wait())
+        {
+            tracing::warn!(error = %e, "no thread to reap the MPS control daemon when it exits");
         }
-        if let Some(m) = config.default_pinned_memory_limit_mib {
-            // Device 0 is the only device the daemon sees (CUDA_VISIBLE_DEVICES=<uuid>).
-            control(
-                &self.binary,
-                config,
-                &format!("set_default_device_pinned_mem_limit 0 {m}M"),
-            )?;
-        }
-        daemons.insert(gpu, (config.clone(), pid));
+        daemons.insert(config.pipe_dir.clone(), (config.clone(), pid, gpu));
         Ok(MpsState::Running {
             pid,
             config: config.clone(),
         })
     }
 
-    /// Stops the daemon of GPU `gpu` (idempotent).
-    pub fn stop(&self, gpu: u32) -> Result<(), ErrorKind> {
+    /// Stops the daemon `config` describes and unmounts its shared memory (idempotent,
+    /// also for a daemon started before the caller restarted).
+    pub fn stop(&self, config: &MpsDaemonConfig) -> Result<(), ErrorKind> {
         let mut daemons = self.daemons.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((config, _)) = daemons.get(&gpu) {
-            // "quit" fails when the daemon is already gone: that is the goal anyway.
-            let _ = control(&self.binary, config, "quit");
+        // "quit" fails when the daemon is already gone: that is the goal anyway.
+        let _ = control(&self.binary, config, "quit");
+        if let Some(shm) = &config.shm_dir {
+            unmount_shm(shm)?;
         }
-        daemons.remove(&gpu);
+        daemons.remove(&config.pipe_dir);
         Ok(())
     }
 
-    /// Whether the daemon of GPU `gpu` is the one this plugin started and is alive: a
+    /// Whether the daemon on `pipe_dir` is the one this caller started and is alive: a
     /// `/proc` read, no process start. `false` for an adopted daemon, which only
     /// [`Mps::state`] can check, and while another call holds the daemons (a start or a
     /// check runs processes under the lock, for seconds at worst): this is called on the
     /// async runtime's worker, which must not wait for them.
-    pub fn known_running(&self, gpu: u32) -> bool {
+    pub fn known_running(&self, pipe_dir: &Path) -> bool {
         let daemons = match self.daemons.try_lock() {
             Ok(d) => d,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return false,
         };
-        daemons.get(&gpu).is_some_and(|(_, pid)| alive(*pid))
+        daemons
+            .get(pipe_dir)
+            .is_some_and(|(_, pid, _)| *pid != 0 && alive(*pid))
     }
 
-    /// Whether the daemon of GPU `gpu` answers.
-    pub fn state(&self, gpu: u32) -> Result<MpsState, ErrorKind> {
+    /// Whether the daemon on `pipe_dir` answers; one that answers and was not known (a
+    /// caller restarted) is adopted.
+    pub fn state(&self, gpu: u32, pipe_dir: &Path) -> Result<MpsState, ErrorKind> {
+        let mut daemons = self.daemons.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((config, pid, _)) = daemons.get(pipe_dir) {
+            return Ok(if answers(&self.binary, config, *pid) {
+                MpsState::Running {
+                    pid: *pid,
+                    config: config.clone(),
+                }
+            } else {
+                MpsState::Stopped
+            });
+        }
+        let config = MpsDaemonConfig {
+            pipe_dir: pipe_dir.to_path_buf(),
+            log_dir: pipe_dir.with_file_name("log"),
+            ..MpsDaemonConfig::default()
+        };
+        if control(&self.binary, &config, "get_server_list").is_err() {
+            return Ok(MpsState::Stopped);
+        }
+        daemons.insert(pipe_dir.to_path_buf(), (config.clone(), 0, gpu));
+        Ok(MpsState::Running { pid: 0, config })
+    }
+
+    /// The pipe directories of the daemons known on `gpu`.
+    pub fn daemons(&self, gpu: u32) -> Vec<PathBuf> {
         let daemons = self.daemons.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(match daemons.get(&gpu) {
-            Some((config, pid)) if answers(&self.binary, config, *pid) => MpsState::Running {
-                pid: *pid,
-                config: config.clone(),
-            },
-            _ => MpsState::Stopped,
-        })
+        daemons
+            .iter()
+            .filter(|(_, (_, _, g))| *g == gpu)
+            .map(|(p, _)| p.clone())
+            .collect()
     }
 }
 
@@ -195,7 +337,7 @@ impl Mps {
 /// restart is not the child that was started (that one exited, finding the pipe
 /// directory taken), so it is asked.
 fn answers(binary: &Path, config: &MpsDaemonConfig, pid: u32) -> bool {
-    alive(pid) || control(binary, config, "get_server_list").is_ok()
+    (pid != 0 && alive(pid)) || control(binary, config, "get_server_list").is_ok()
 }
 
 /// Whether `pid` is a live control daemon, by `/proc`.
@@ -259,8 +401,7 @@ mod tests {
         let config = MpsDaemonConfig {
             pipe_dir: dir.path().join("pipe"),
             log_dir: dir.path().join("log"),
-            default_active_thread_percentage: None,
-            default_pinned_memory_limit_mib: None,
+            ..MpsDaemonConfig::default()
         };
         let mut child = spawn_copied(&daemon);
         assert!(answers(refuses, &config, child.id()));
@@ -270,16 +411,17 @@ mod tests {
         mps.daemons
             .lock()
             .expect("lock")
-            .insert(0, (config.clone(), child.id()));
-        assert!(mps.known_running(0));
-        assert!(!mps.known_running(1));
+            .insert(config.pipe_dir.clone(), (config.clone(), child.id(), 0));
+        let elsewhere = dir.path().join("elsewhere");
+        assert!(mps.known_running(&config.pipe_dir));
+        assert!(!mps.known_running(&elsewhere));
         {
             // Another call holding the daemons (a start running processes): not known,
             // rather than waiting.
             let _held = mps.daemons.lock().expect("lock");
-            assert!(!mps.known_running(0));
+            assert!(!mps.known_running(&config.pipe_dir));
         }
-        assert!(mps.known_running(0));
+        assert!(mps.known_running(&config.pipe_dir));
         child.kill().expect("killing");
         // Not reaped yet: a zombie.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -292,7 +434,41 @@ mod tests {
         }
         child.wait().expect("reaping");
         assert!(!answers(refuses, &config, child.id()));
-        assert!(!mps.known_running(0));
+        assert!(!mps.known_running(&config.pipe_dir));
+    }
+
+    /// A daemon adopted by asking (its configuration unknown) that has since died is
+    /// started again with the caller's configuration, not refused as "another
+    /// configuration" (found by the fault campaign: a killed daemon was never restarted).
+    #[test]
+    fn a_dead_adopted_daemon_is_started_again_not_refused() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = MpsDaemonConfig {
+            pipe_dir: dir.path().join("pipe"),
+            log_dir: dir.path().join("log"),
+            default_active_thread_percentage: Some(25),
+            ..MpsDaemonConfig::default()
+        };
+        // `false` stands in for a control binary: nothing answers, a daemon exits at once.
+        let mps = Mps::new(PathBuf::from("/bin/false"));
+        mps.daemons.lock().expect("lock").insert(
+            config.pipe_dir.clone(),
+            (
+                MpsDaemonConfig {
+                    pipe_dir: config.pipe_dir.clone(),
+                    ..MpsDaemonConfig::default()
+                },
+                0,
+                0,
+            ),
+        );
+        let err = mps
+            .start(0, "GPU-x", &config)
+            .expect_err("the stand-in daemon exits");
+        assert!(
+            matches!(err, ErrorKind::MpsControl { ref command, .. } if command == "-f"),
+            "{err:?}"
+        );
     }
 
     /// Starts the binary just copied to `path`. Another test thread forking while the copy

@@ -183,7 +183,7 @@ pub(super) fn state_from_inventory(inv: &Inventory) -> Result<SimState, BackendE
             resettable: g.resettable,
             compute_mode: ComputeMode::Default,
             time_slice: crate::backend::TimeSlice::Default,
-            mps: None,
+            mps: Vec::new(),
             instances: Vec::new(),
             lost: false,
         };

@@ -74,8 +74,11 @@ pub(super) fn is_idle(gpu: &SimGpu) -> Result<(), ErrorKind> {
             gpu.instances.len()
         )));
     }
-    if gpu.mps.is_some() {
-        return Err(ErrorKind::InUse("the MPS control daemon is running".into()));
+    if !gpu.mps.is_empty() {
+        return Err(ErrorKind::InUse(format!(
+            "{} MPS control daemon(s) run",
+            gpu.mps.len()
+        )));
     }
     Ok(())
 }

@@ -211,7 +211,7 @@ impl SimBackend {
     }
 
     /// Records the MPS control daemon `pid` that runs for GPU `gpu` as its own process
-    /// (see [`mps::daemon_started`]).
+    /// (see [`mps::daemon_started`]); its pipe directory names it.
     pub fn mps_daemon_started(
         &self,
         gpu: u32,
@@ -223,15 +223,22 @@ impl SimBackend {
         })
     }
 
-    /// Sets the running daemon's defaults, as its `set_default_*` commands do.
+    /// Sets the defaults of the daemon on `pipe_dir`, as its `set_default_*` commands do.
     pub fn set_mps_defaults(
         &self,
         gpu: u32,
+        pipe_dir: &Path,
         thread_percentage: Option<u8>,
         pinned_memory_limit_mib: Option<u64>,
     ) -> Result<(), BackendError> {
         self.run(Operation::ConfigureMps, Some(gpu), |inner| {
-            mps::set_daemon_defaults(inner, gpu, thread_percentage, pinned_memory_limit_mib)
+            mps::set_daemon_defaults(
+                inner,
+                gpu,
+                pipe_dir,
+                thread_percentage,
+                pinned_memory_limit_mib,
+            )
         })
     }
 
@@ -390,15 +397,26 @@ impl GpuBackend for SimBackend {
         })
     }
 
-    fn stop_mps(&self, gpu: u32) -> Result<(), BackendError> {
+    fn stop_mps(&self, gpu: u32, config: &MpsDaemonConfig) -> Result<(), BackendError> {
         self.run(Operation::StopMps, Some(gpu), |inner| {
-            mps::stop_mps(inner, gpu)
+            mps::stop_mps(inner, gpu, &config.pipe_dir)
         })
     }
 
-    fn mps_state(&self, gpu: u32) -> Result<MpsState, BackendError> {
+    fn mps_state(&self, gpu: u32, pipe_dir: &Path) -> Result<MpsState, BackendError> {
         self.run(Operation::MpsState, Some(gpu), |inner| {
-            mps::mps_state(inner, gpu)
+            mps::mps_state(inner, gpu, pipe_dir)
+        })
+    }
+
+    fn mps_daemons(&self, gpu: u32) -> Result<Vec<PathBuf>, BackendError> {
+        self.run(Operation::MpsState, Some(gpu), |inner| {
+            Ok(inner
+                .gpu(gpu)?
+                .mps
+                .iter()
+                .map(|m| m.config.pipe_dir.clone())
+                .collect())
         })
     }
 

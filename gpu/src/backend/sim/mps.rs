@@ -1,6 +1,8 @@
 //! MPS and compute-mode operations of the simulated backend: the bodies of those methods
 //! of [`GpuBackend`](crate::backend::GpuBackend), run under the lock by `SimBackend::run`.
 
+use std::path::Path;
+
 use super::{SimGpu, SimMps, inner::Inner};
 use crate::backend::{ComputeMode, ErrorKind, MpsDaemonConfig, MpsState, TimeSlice};
 
@@ -25,7 +27,28 @@ fn mps_refused(g: &SimGpu) -> Option<ErrorKind> {
     None
 }
 
-/// Starts the MPS control daemon; a no-op when it already runs with the same configuration.
+/// Why another daemon's server cannot run beside the daemons already on the GPU, if it
+/// cannot: in `EXCLUSIVE_PROCESS` mode one process (one MPS server) holds the GPU, so a
+/// second daemon's server never gets a context ("all CUDA-capable devices are busy or
+/// unavailable"). Several daemons, each serving its own clients with its own limits, need
+/// compute mode `DEFAULT`, as MPS on MIG runs one daemon per MIG device (MIG user guide,
+/// "MIG with CUDA MPS"). The simulator refuses the second daemon at once, so the mistake
+/// surfaces where it was made.
+fn beside_others_refused(g: &SimGpu, pipe_dir: &Path) -> Option<ErrorKind> {
+    let others = g
+        .mps
+        .iter()
+        .filter(|m| m.config.pipe_dir != pipe_dir)
+        .count();
+    (others > 0 && g.compute_mode == ComputeMode::ExclusiveProcess).then(|| {
+        ErrorKind::InUse(format!(
+            "compute mode EXCLUSIVE_PROCESS lets one MPS server hold the GPU and {others} other daemon(s) run; several daemons need compute mode DEFAULT"
+        ))
+    })
+}
+
+/// Starts the MPS control daemon on `config.pipe_dir`; a no-op when it already runs with
+/// the same configuration.
 pub(super) fn start_mps(
     inner: &mut Inner,
     gpu: u32,
@@ -33,7 +56,7 @@ pub(super) fn start_mps(
 ) -> Result<MpsState, ErrorKind> {
     let pid = inner.state.next_pid;
     let g = inner.gpu_mut(gpu)?;
-    match &g.mps {
+    match g.mps.iter().find(|m| m.config.pipe_dir == config.pipe_dir) {
         Some(m) if m.config == *config => {
             return Ok(MpsState::Running {
                 pid: m.pid,
@@ -41,16 +64,17 @@ pub(super) fn start_mps(
             });
         }
         Some(_) => {
-            return Err(ErrorKind::InUse(
-                "MPS is running with another configuration; stop it first".into(),
-            ));
+            return Err(ErrorKind::InUse(format!(
+                "an MPS control daemon with another configuration runs on {}; stop it first",
+                config.pipe_dir.display()
+            )));
         }
         None => {}
     }
-    if let Some(refused) = mps_refused(g) {
+    if let Some(refused) = mps_refused(g).or_else(|| beside_others_refused(g, &config.pipe_dir)) {
         return Err(refused);
     }
-    g.mps = Some(SimMps {
+    g.mps.push(SimMps {
         pid,
         config: config.clone(),
     });
@@ -63,7 +87,8 @@ pub(super) fn start_mps(
 
 /// Records an MPS control daemon that runs as its own process (the simulated driver's
 /// `nvidia-cuda-mps-control -f`), under the rules [`start_mps`] applies; it replaces the
-/// record of a daemon that is gone, which the caller has checked.
+/// record of a daemon on the same pipe directory that is gone, which the caller has
+/// checked.
 pub(super) fn daemon_started(
     inner: &mut Inner,
     gpu: u32,
@@ -71,28 +96,31 @@ pub(super) fn daemon_started(
     config: &MpsDaemonConfig,
 ) -> Result<(), ErrorKind> {
     let g = inner.gpu_mut(gpu)?;
-    if let Some(refused) = mps_refused(g) {
+    if let Some(refused) = mps_refused(g).or_else(|| beside_others_refused(g, &config.pipe_dir)) {
         return Err(refused);
     }
-    g.mps = Some(SimMps {
+    g.mps.retain(|m| m.config.pipe_dir != config.pipe_dir);
+    g.mps.push(SimMps {
         pid,
         config: config.clone(),
     });
     Ok(())
 }
 
-/// Sets the defaults (active thread percentage, pinned memory limit) of the running
-/// daemon, as `set_default_*` commands on its control pipe do.
+/// Sets the defaults (active thread percentage, pinned memory limit) of the daemon on
+/// `pipe_dir`, as `set_default_*` commands on its control pipe do.
 pub(super) fn set_daemon_defaults(
     inner: &mut Inner,
     gpu: u32,
+    pipe_dir: &Path,
     thread_percentage: Option<u8>,
     pinned_memory_limit_mib: Option<u64>,
 ) -> Result<(), ErrorKind> {
     let g = inner.gpu_mut(gpu)?;
-    let Some(m) = &mut g.mps else {
+    let Some(m) = g.mps.iter_mut().find(|m| m.config.pipe_dir == pipe_dir) else {
         return Err(ErrorKind::NotFound(format!(
-            "no MPS control daemon runs on GPU {gpu}"
+            "no MPS control daemon runs on GPU {gpu} with pipe directory {}",
+            pipe_dir.display()
         )));
     };
     if thread_percentage.is_some() {
@@ -104,24 +132,33 @@ pub(super) fn set_daemon_defaults(
     Ok(())
 }
 
-/// Stops the MPS control daemon, if any.
-pub(super) fn stop_mps(inner: &mut Inner, gpu: u32) -> Result<(), ErrorKind> {
-    inner.gpu_mut(gpu)?.mps = None;
+/// Stops the MPS control daemon on `pipe_dir`, if any.
+pub(super) fn stop_mps(inner: &mut Inner, gpu: u32, pipe_dir: &Path) -> Result<(), ErrorKind> {
+    inner
+        .gpu_mut(gpu)?
+        .mps
+        .retain(|m| m.config.pipe_dir != pipe_dir);
     Ok(())
 }
 
-/// The MPS control daemon's state.
-pub(super) fn mps_state(inner: &Inner, gpu: u32) -> Result<MpsState, ErrorKind> {
-    Ok(match &inner.gpu(gpu)?.mps {
-        Some(m) => MpsState::Running {
-            pid: m.pid,
-            config: m.config.clone(),
+/// The state of the MPS control daemon on `pipe_dir`.
+pub(super) fn mps_state(inner: &Inner, gpu: u32, pipe_dir: &Path) -> Result<MpsState, ErrorKind> {
+    Ok(
+        match inner
+            .gpu(gpu)?
+            .mps
+            .iter()
+            .find(|m| m.config.pipe_dir == pipe_dir)
+        {
+            Some(m) => MpsState::Running {
+                pid: m.pid,
+                config: m.config.clone(),
+            },
+            None => MpsState::Stopped,
         },
-        None => MpsState::Stopped,
-    })
+    )
 }
 
-/// Sets the GPU's compute mode.
 /// Sets the time-slice length, on a full GPU that no MPS daemon shares.
 pub(super) fn set_time_slice(
     inner: &mut Inner,
@@ -130,9 +167,9 @@ pub(super) fn set_time_slice(
 ) -> Result<(), ErrorKind> {
     let g = inner.gpu_mut(gpu)?;
     if slice != TimeSlice::Default {
-        if g.mps.is_some() {
+        if !g.mps.is_empty() {
             return Err(ErrorKind::InUse(
-                "the MPS control daemon runs on this GPU; MPS and time-slicing cannot share a GPU"
+                "an MPS control daemon runs on this GPU; MPS and time-slicing cannot share a GPU"
                     .into(),
             ));
         }
@@ -152,11 +189,20 @@ pub(super) fn set_time_slice(
     Ok(())
 }
 
+/// Sets the GPU's compute mode; `EXCLUSIVE_PROCESS` only while at most one MPS daemon
+/// runs, since it lets one server hold the GPU (see [`beside_others_refused`]).
 pub(super) fn set_compute_mode(
     inner: &mut Inner,
     gpu: u32,
     mode: ComputeMode,
 ) -> Result<(), ErrorKind> {
-    inner.gpu_mut(gpu)?.compute_mode = mode;
+    let g = inner.gpu_mut(gpu)?;
+    if mode == ComputeMode::ExclusiveProcess && g.mps.len() > 1 {
+        return Err(ErrorKind::InUse(format!(
+            "{} MPS control daemons run; EXCLUSIVE_PROCESS would leave all but one server without the GPU",
+            g.mps.len()
+        )));
+    }
+    g.compute_mode = mode;
     Ok(())
 }

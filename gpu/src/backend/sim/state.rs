@@ -49,8 +49,9 @@ pub struct SimGpu {
     /// Time-slice length.
     #[serde(default)]
     pub time_slice: TimeSlice,
-    /// Running MPS daemon.
-    pub mps: Option<SimMps>,
+    /// Running MPS control daemons, one per pipe directory.
+    #[serde(default, rename = "mpsDaemons")]
+    pub mps: Vec<SimMps>,
     /// GPU instances.
     pub instances: Vec<SimGpuInstance>,
     /// Lost (a `gpuLost` health event was injected).
@@ -58,7 +59,7 @@ pub struct SimGpu {
     pub lost: bool,
 }
 
-/// A running MPS daemon.
+/// A running MPS control daemon.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SimMps {

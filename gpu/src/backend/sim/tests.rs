@@ -129,7 +129,7 @@ fn ampere_mig_mode_stays_pending_until_an_idle_reset() {
         s.reset_gpu(0).unwrap_err().kind,
         ErrorKind::InUse(_)
     ));
-    s.stop_mps(0).unwrap();
+    s.stop_mps(0, &MpsDaemonConfig::default()).unwrap();
     s.reset_gpu(0).unwrap();
     assert!(s.gpus().unwrap()[0].mig_enabled);
     s.create_mig_device(0, 19, 0).unwrap();
@@ -155,7 +155,7 @@ fn no_mps_server_runs_on_a_gpu_with_mig_mode_on() {
     let err = s.start_mps(0, &MpsDaemonConfig::default()).unwrap_err();
     assert!(matches!(err.kind, ErrorKind::NotSupported(_)), "{err:?}");
     assert!(chain(&err).contains("MIG mode is on"), "{}", chain(&err));
-    assert_eq!(s.mps_state(0).unwrap(), MpsState::Stopped);
+    assert_eq!(s.mps_state(0, Path::new("")).unwrap(), MpsState::Stopped);
     // The daemon that runs as its own process is held to the same rule.
     assert!(
         s.mps_daemon_started(0, 4242, &MpsDaemonConfig::default())
@@ -180,11 +180,11 @@ fn mps_daemons_start_idempotently_and_block_mig_mode_changes() {
     let a = s.start_mps(0, &cfg).unwrap();
     assert_eq!(s.start_mps(0, &cfg).unwrap(), a);
     assert!(s.start_mps(0, &MpsDaemonConfig::default()).is_err());
-    assert_eq!(s.mps_state(0).unwrap(), a);
+    assert_eq!(s.mps_state(0, Path::new("")).unwrap(), a);
     assert!(s.set_mig_mode(0, true).is_err());
-    s.stop_mps(0).unwrap();
-    s.stop_mps(0).unwrap();
-    assert_eq!(s.mps_state(0).unwrap(), MpsState::Stopped);
+    s.stop_mps(0, &MpsDaemonConfig::default()).unwrap();
+    s.stop_mps(0, &MpsDaemonConfig::default()).unwrap();
+    assert_eq!(s.mps_state(0, Path::new("")).unwrap(), MpsState::Stopped);
     s.set_compute_mode(0, ComputeMode::ExclusiveProcess)
         .unwrap();
     assert_eq!(
@@ -242,7 +242,10 @@ fn state_survives_a_process_restart() {
     // Another inventory: the state file wins, like hardware that outlived the plugin.
     let s = SimBackend::new(cfg("gpus: [{model: l4}]")).unwrap();
     assert_eq!((s.gpus().unwrap(), s.mig_instances(0).unwrap()), before);
-    assert!(matches!(s.mps_state(1).unwrap(), MpsState::Running { .. }));
+    assert!(matches!(
+        s.mps_state(1, Path::new("")).unwrap(),
+        MpsState::Running { .. }
+    ));
     // The rules still hold on the reloaded state.
     assert!(s.create_gpu_instance(0, 5, 0).is_err());
     assert!(s.destroy_gpu_instance(0, 1).is_err());
@@ -325,7 +328,7 @@ fn health_events_reach_subscribers_in_process_and_from_the_fault_file() {
     // Delivered by the poller thread without any operation.
     let ev = rx.blocking_recv().unwrap();
     assert_eq!((ev.gpu, ev.kind), (1, HealthEventKind::GpuLost));
-    let err = s.mps_state(1).unwrap_err();
+    let err = s.mps_state(1, Path::new("")).unwrap_err();
     assert!(
         matches!(err.kind, ErrorKind::Driver(NvmlError::GpuLost)),
         "{err}"
@@ -506,7 +509,7 @@ fn time_slicing_and_mps_never_share_a_gpu_and_time_slicing_takes_only_full_gpus(
     let err = s.set_time_slice(0, TimeSlice::Short).unwrap_err();
     assert!(matches!(err.kind, ErrorKind::InUse(_)), "{err}");
     assert_eq!(err.operation, Operation::SetTimeSlice);
-    s.stop_mps(0).unwrap();
+    s.stop_mps(0, &MpsDaemonConfig::default()).unwrap();
     // Exclusive-process mode is MPS's, not time-slicing's.
     let err = s.set_time_slice(0, TimeSlice::Short).unwrap_err();
     assert!(matches!(err.kind, ErrorKind::NotSupported(_)), "{err}");
@@ -579,4 +582,48 @@ fn file_health_events_wait_for_a_process_that_watches() {
             fatal: true
         }
     );
+}
+
+/// One daemon per claim: several run on one GPU, each named by its pipe directory and
+/// with its own limits, in compute mode DEFAULT; EXCLUSIVE_PROCESS would leave all but one
+/// server without the GPU, so it is refused while two run and a second daemon is refused
+/// under it.
+#[test]
+fn several_mps_daemons_share_a_gpu_in_compute_mode_default_only() {
+    let s = sim("gpus: [{model: l4}]");
+    let daemon = |name: &str, pct: u8| MpsDaemonConfig {
+        pipe_dir: PathBuf::from(format!("/mps/{name}/pipe")),
+        default_active_thread_percentage: Some(pct),
+        ..MpsDaemonConfig::default()
+    };
+    let (a, b) = (daemon("a", 25), daemon("b", 75));
+    s.set_compute_mode(0, ComputeMode::ExclusiveProcess)
+        .unwrap();
+    s.start_mps(0, &a).unwrap();
+    let err = s.start_mps(0, &b).unwrap_err();
+    assert!(chain(&err).contains("EXCLUSIVE_PROCESS"), "{}", chain(&err));
+    s.set_compute_mode(0, ComputeMode::Default).unwrap();
+    s.start_mps(0, &b).unwrap();
+    assert!(
+        s.set_compute_mode(0, ComputeMode::ExclusiveProcess)
+            .is_err()
+    );
+    assert_eq!(
+        s.mps_daemons(0).unwrap(),
+        vec![a.pipe_dir.clone(), b.pipe_dir.clone()]
+    );
+    let MpsState::Running { config, .. } = s.mps_state(0, &b.pipe_dir).unwrap() else {
+        panic!("b stopped");
+    };
+    assert_eq!(config.default_active_thread_percentage, Some(75));
+    // Stopping one leaves the other, and the GPU stays out of MIG mode until both are gone.
+    s.stop_mps(0, &a).unwrap();
+    assert_eq!(s.mps_state(0, &a.pipe_dir).unwrap(), MpsState::Stopped);
+    assert!(matches!(
+        s.mps_state(0, &b.pipe_dir).unwrap(),
+        MpsState::Running { .. }
+    ));
+    assert!(s.set_mig_mode(0, true).is_err());
+    s.stop_mps(0, &b).unwrap();
+    assert!(s.mps_daemons(0).unwrap().is_empty());
 }

@@ -451,5 +451,5 @@ async fn a_time_sliced_gpu_gets_its_slice_and_gives_it_back_when_it_leaves_time_
         driver.keeper().hold(&want(TimeSlice::Default)).await,
         HoldReport::default()
     );
-    assert!(node.sim.state().gpus[0].mps.is_some());
+    assert!(node.sim.state().gpus[0].mps.len() == 1);
 }

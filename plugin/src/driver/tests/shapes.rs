@@ -78,7 +78,7 @@ async fn an_mps_share_on_a_hopper_gpu_left_in_mig_mode_turns_mig_mode_off() {
     driver.prepare_claim(&mps_share(&node, "a")).await.unwrap();
 
     assert!(!node.mig_enabled(0), "CUDA sees no whole GPU with MIG on");
-    assert!(node.sim.state().gpus[0].mps.is_some());
+    assert!(node.sim.state().gpus[0].mps.len() == 1);
 }
 
 #[tokio::test]
@@ -110,7 +110,7 @@ async fn no_shape_but_a_partition_is_made_while_partitions_are_there() {
 
     assert!(matches!(err, ClaimError::InUse { .. }), "{err:?}");
     assert!(node.mig_enabled(0));
-    assert!(node.sim.state().gpus[0].mps.is_none());
+    assert!(node.sim.state().gpus[0].mps.is_empty());
 }
 
 #[tokio::test]
@@ -321,5 +321,78 @@ async fn shared_devices_never_join_a_gpu_held_whole() {
         let err = driver.prepare_claim(&c).await.unwrap_err();
         assert!(matches!(err, ClaimError::InUse { .. }), "{err:?}");
     }
-    assert!(node.sim.state().gpus[0].mps.is_none());
+    assert!(node.sim.state().gpus[0].mps.is_empty());
+}
+
+/// Each MPS claim gets a daemon of its own with its own limits, on one GPU in compute mode
+/// DEFAULT; a daemon that stops under its claim is started again by the node loop's check,
+/// with the same limits; unpreparing a claim stops its daemon only.
+#[tokio::test]
+async fn each_mps_claim_has_its_own_daemon_with_its_limits_and_a_stopped_one_is_restarted() {
+    let node = TestNode::new(1);
+    let driver = node.driver();
+    let a = mps_share(&node, "a");
+    let b = node.share(
+        "b",
+        "gpu-0-mps",
+        &[("computePercent", "50"), ("memory", "8Gi")],
+    );
+    driver.prepare_claim(&a).await.unwrap();
+    driver.prepare_claim(&b).await.unwrap();
+
+    let daemons = node.sim.state().gpus[0].mps.clone();
+    let limits: BTreeMap<String, (Option<u8>, Option<u64>)> = daemons
+        .iter()
+        .map(|m| {
+            (
+                m.config.pipe_dir.display().to_string(),
+                (
+                    m.config.default_active_thread_percentage,
+                    m.config.default_pinned_memory_limit_mib,
+                ),
+            )
+        })
+        .collect();
+    let pipe = |uid: &str| driver.mps_pipe_dir(uid, 0).display().to_string();
+    assert_eq!(
+        limits,
+        BTreeMap::from([
+            (pipe("a"), (Some(25), Some(4096))),
+            (pipe("b"), (Some(50), Some(8192))),
+        ])
+    );
+    assert_eq!(
+        node.sim.state().gpus[0].compute_mode,
+        tessera_gpu::backend::ComputeMode::Default,
+        "several daemons need compute mode DEFAULT"
+    );
+
+    // a's daemon dies (killed, crashed): the check starts it again with a's limits.
+    let a_config = driver
+        .mps_daemon("a", &driver.claims.lock().await.claims["a"].devices[0])
+        .unwrap();
+    node.sim.stop_mps(0, &a_config).unwrap();
+    assert_eq!(node.sim.state().gpus[0].mps.len(), 1);
+    let running = driver.supervise_mps().await;
+    assert_eq!(running, BTreeMap::from([(0, true)]));
+    let daemons = node.sim.state().gpus[0].mps.clone();
+    assert_eq!(daemons.len(), 2);
+    assert!(daemons.iter().any(|m| m.config == a_config));
+    assert_eq!(driver.metrics.mps_daemon_restarts.get(), 1);
+    assert_eq!(
+        driver.mps_restarts_of("a"),
+        BTreeMap::from([("gpu-0-mps".to_string(), 1)])
+    );
+    // Nothing to restart the second time.
+    driver.supervise_mps().await;
+    assert_eq!(driver.metrics.mps_daemon_restarts.get(), 1);
+
+    driver.unprepare_claim(&a).await.unwrap();
+    let left: Vec<String> = node.sim.state().gpus[0]
+        .mps
+        .iter()
+        .map(|m| m.config.pipe_dir.display().to_string())
+        .collect();
+    assert_eq!(left, [pipe("b")]);
+    assert!(!driver.mps_dir("a", 0).exists(), "a's directory is removed");
 }

@@ -256,6 +256,7 @@ fn a_dynamic_mig_h100_offers_26_devices() {
     let whole = devices.last().unwrap();
     assert_eq!(whole.name, "gpu-0");
     assert_eq!(str_attr(whole, "type"), "gpu");
+    assert_eq!(str_attr(whole, "isolation"), "exclusive");
     assert_eq!(pool.counter_slices.len(), 1);
     assert_eq!(pool.slice_count(), 2);
 }
@@ -477,6 +478,7 @@ fn mig_devices_carry_their_profile_and_placement() {
 
     let d = device(devices, "gpu-0-mig-3g-40gb-4");
     assert_eq!(str_attr(d, "type"), "mig");
+    assert_eq!(str_attr(d, "isolation"), "hardware");
     assert_eq!(str_attr(d, "profile"), "3g.40gb");
     assert_eq!(int_attr(d, "placementStart"), 4);
     assert_eq!(int_attr(d, "placementSize"), 4);
@@ -692,6 +694,7 @@ fn an_mps_gpu_offers_one_shareable_device_with_compute_and_memory_capacity() {
     assert_eq!(d.name, "gpu-0-mps");
     assert_eq!(d.allow_multiple_allocations, Some(true));
     assert_eq!(str_attr(&d, "type"), "mps");
+    assert_eq!(str_attr(&d, "isolation"), "mps-limits");
     assert!(d.consumes_counters.is_none());
 
     let compute = capacity(&d, capacity::COMPUTE_PERCENT);
@@ -750,6 +753,7 @@ fn a_time_sliced_gpu_offers_one_device_with_client_capacity() {
     assert_eq!(d.name, "gpu-0");
     assert_eq!(d.allow_multiple_allocations, Some(true));
     assert_eq!(str_attr(d, "type"), "timeslice");
+    assert_eq!(str_attr(d, "isolation"), "none");
     assert!(d.consumes_counters.is_none());
     assert_one_client_slot_per_claim(d, 4);
 }
