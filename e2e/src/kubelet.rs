@@ -23,7 +23,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use serde::Deserialize;
 
-use crate::{BinDir, ControlPlane, binaries::HOLLOW_KUBELET, wait::eventually};
+use crate::{BinDir, ControlPlane, wait::eventually};
 
 /// How long a kubelet gets to register its Node and report Ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -244,7 +244,7 @@ impl Drop for HollowKubelet {
 }
 
 fn binary(bins: &BinDir) -> anyhow::Result<PathBuf> {
-    let path = bins.path(HOLLOW_KUBELET);
+    let path = bins.hollow_kubelet();
     if !path.is_file() {
         bail!(
             "{} is not built: run `cargo xtask controlplane build --version {}` (cargo xtask test does)",

@@ -33,6 +33,7 @@ pub mod plugin;
 mod process;
 pub mod prometheus;
 pub mod runc;
+pub mod runtime_tools;
 pub mod version;
 pub mod wait;
 

@@ -510,6 +510,12 @@ fn ensure_apt_tools() -> anyhow::Result<()> {
         .into_iter()
         .filter(|t| which(t).is_none())
         .collect();
+    install_debian_packages(&missing)
+}
+
+/// Installs `missing` Debian packages with apt-get when run as root; otherwise fails
+/// saying what to install.
+pub fn install_debian_packages(missing: &[&str]) -> anyhow::Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
@@ -529,7 +535,7 @@ fn ensure_apt_tools() -> anyhow::Result<()> {
             .args(["install", "-y", "-qq", "--no-install-recommends"])
             // Recommends are for rootless overlay setups (fuse-overlayfs, slirp4netns);
             // vfs storage with chroot isolation as root needs none of them.
-            .args(&missing),
+            .args(missing),
     )
 }
 
