@@ -33,7 +33,7 @@ use crate::steps::{human, repo_root, timed};
 /// The image `cargo xtask image` builds, and the tag the chart defaults to.
 pub const IMAGE: &str = "localhost/tessera";
 /// The locally made runtime base.
-const BASE_IMAGE: &str = "localhost/tessera-base:debian12";
+pub(crate) const BASE_IMAGE: &str = "localhost/tessera-base:debian12";
 /// Debian release of the base: the host's (bookworm), so its glibc is as new as the one
 /// the host-built binaries link against.
 const BASE_SUITE: &str = "bookworm";
@@ -575,7 +575,7 @@ fn ensure_hadolint() -> anyhow::Result<PathBuf> {
 }
 
 /// `buildah` with the storage settings every call shares.
-fn buildah() -> anyhow::Result<Command> {
+pub(crate) fn buildah() -> anyhow::Result<Command> {
     let storage = tessera_e2e::binaries::cache_root()?.join("containers");
     let mut cmd = Command::new("buildah");
     cmd.arg("--storage-driver")
@@ -595,7 +595,7 @@ fn which(name: &str) -> Option<PathBuf> {
     })
 }
 
-fn run_cmd(cmd: &mut Command) -> anyhow::Result<()> {
+pub(crate) fn run_cmd(cmd: &mut Command) -> anyhow::Result<()> {
     let status = cmd
         .status()
         .with_context(|| format!("starting {:?}", cmd.get_program()))?;
@@ -605,7 +605,7 @@ fn run_cmd(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn output(cmd: &mut Command) -> anyhow::Result<String> {
+pub(crate) fn output(cmd: &mut Command) -> anyhow::Result<String> {
     let out = cmd
         .output()
         .with_context(|| format!("starting {:?}", cmd.get_program()))?;
@@ -653,8 +653,24 @@ fn created(root: &Path) -> String {
         .unwrap_or_else(|| "1970-01-01T00:00:00Z".into())
 }
 
+/// Whether a local image exists.
+pub(crate) fn exists(image: &str) -> anyhow::Result<bool> {
+    let out = buildah()?
+        .args([
+            "inspect",
+            "--type",
+            "image",
+            "--format",
+            "{{.FromImageID}}",
+            image,
+        ])
+        .output()
+        .context("running buildah inspect")?;
+    Ok(out.status.success())
+}
+
 /// FNV-1a, a cache key for the base recipe.
-fn fnv(text: &str) -> String {
+pub(crate) fn fnv(text: &str) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in text.bytes() {
         h ^= u64::from(b);
