@@ -36,6 +36,7 @@ pub mod operator;
 pub mod plugin;
 mod process;
 pub mod prometheus;
+pub mod release;
 pub mod runc;
 pub mod runtime_tools;
 pub mod version;
