@@ -9,9 +9,14 @@
 #   RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked \
 #     -p tessera-cdi-hook --target x86_64-unknown-linux-gnu
 #   docker build --build-arg BINARIES=prebuilt -t tessera:dev .      # takes target/release/
+#   (on arm64: --target aarch64-unknown-linux-gnu and
+#    --build-arg HOOK_DIR=target/aarch64-unknown-linux-gnu/release)
 #
-# `cargo xtask image` builds this file with buildah (no registry needed: it makes the base
-# image locally) and runs each binary's --version inside the result.
+# The release workflow (.github/workflows/release.yml) builds each architecture's image
+# this way on a runner of that architecture and publishes them under one multi-arch tag.
+#
+# `cargo xtask image [--arch arm64]` builds this file with buildah (no registry needed: it
+# makes the base image locally) and runs each binary's --version inside the result.
 
 # The Rust toolchain of rust-toolchain.toml, on the Debian release of the runtime base (the
 # binaries link the glibc they are built against, so the runtime's must be as new).
@@ -37,8 +42,13 @@ RUN cargo build --release --locked -p tessera-operator -p tessera-plugin --bins 
       target/*/release/tessera-cdi-hook /out/
 
 FROM scratch AS build-prebuilt
-COPY target/release/tessera-operator target/release/tessera-plugin \
-     target/x86_64-unknown-linux-gnu/release/tessera-cdi-hook /out/
+# Where the binaries are in the build context: a cross build's are under
+# target/<rust target>/release (`cargo xtask image --arch arm64` on an amd64 machine); the
+# static CDI hook is always built for an explicit target (HOOK_DIR).
+ARG PREBUILT_DIR=target/release
+ARG HOOK_DIR=target/x86_64-unknown-linux-gnu/release
+COPY ${PREBUILT_DIR}/tessera-operator ${PREBUILT_DIR}/tessera-plugin \
+     ${HOOK_DIR}/tessera-cdi-hook /out/
 
 # A stage of this file picked by BINARIES, not an image that could carry a tag.
 # hadolint ignore=DL3006

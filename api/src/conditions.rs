@@ -46,8 +46,9 @@ pub mod reasons {
     pub const MIG_MODE_PENDING_RESET: &str = "MigModePendingReset";
     /// A GPU's new configuration waits for the claims allocated on it to end.
     pub const WAITING_FOR_CLAIMS: &str = "WaitingForClaims";
-    /// A GPU waited longer than `repartition.drainTimeout` for its claims to end.
-    pub const DRAIN_TIMEOUT: &str = "DrainTimeout";
+    /// A GPU waited longer than `repartition.progressDeadline` for its claims to end (the
+    /// name Deployments give a stalled rollout: reported, nothing undone).
+    pub const PROGRESS_DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
     /// The policy's `nodeSelector` cannot be evaluated.
     pub const INVALID_SELECTOR: &str = "InvalidSelector";
     /// The policy's configuration cannot apply to some selected GPUs.

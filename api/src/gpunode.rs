@@ -25,10 +25,15 @@ use crate::policy::{
     doc = "One per GPU node: spec is the per-GPU configuration the operator resolved from the policies, status is what the node's plugin observes on the hardware.",
     category = "tessera",
     status = "GpuNodeStatus",
-    printcolumn = r#"{"name":"GPUs","type":"integer","jsonPath":".status.gpuCount"}"#,
-    printcolumn = r#"{"name":"Strategies","type":"string","jsonPath":".status.strategyMix","description":"GPUs per applied strategy"}"#,
-    printcolumn = r#"{"name":"MIG","type":"integer","jsonPath":".status.migInstances","description":"Live MIG instances"}"#,
+    printcolumn = r#"{"name":"GPUs","type":"integer","jsonPath":".status.gpuCount","description":"GPUs on the node"}"#,
+    printcolumn = r#"{"name":"Strategies","type":"string","jsonPath":".status.strategyMix","description":"GPUs per strategy the plugin runs them with now"}"#,
+    printcolumn = r#"{"name":"MIG Instances","type":"integer","jsonPath":".status.migInstances","description":"MIG instances that exist on the node's GPUs"}"#,
+    printcolumn = r#"{"name":"Unhealthy GPUs","type":"integer","jsonPath":".status.unhealthyGpus","description":"GPUs with a fatal fault or unreadable health"}"#,
+    printcolumn = r#"{"name":"Applied","type":"string","jsonPath":".status.conditions[?(@.type==\"Applied\")].status","description":"Whether the plugin runs every GPU as the spec says"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason","description":"Why the node is or is not Ready"}"#,
+    printcolumn = r#"{"name":"Applied Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Applied\")].reason","priority":1,"description":"Why the spec is or is not applied"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].message","priority":1,"description":"The Ready condition's message"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -62,13 +67,13 @@ pub struct GpuConfig {
     /// The `GpuSharingPolicy` that governs this GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<String>,
-    /// MIG settings, with strategy MIG.
+    /// The MIG settings; set with strategy MIG.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig: Option<GpuMigConfig>,
-    /// MPS settings, with strategy MPS.
+    /// The MPS settings; set with strategy MPS.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mps: Option<MpsPolicy>,
-    /// Time-slicing settings, with strategy TimeSlicing.
+    /// The time-slicing settings; set with strategy TimeSlicing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_slicing: Option<TimeSlicingPolicy>,
     /// The governing policy's `repartition.allowGpuReset`: the plugin may reset this GPU,
@@ -94,15 +99,15 @@ pub struct GpuConfig {
      "message": "strategy MIG needs a mig block"}
 ]))]
 pub struct GpuShape {
-    /// The strategy.
+    /// The strategy the GPU may be switched to.
     pub strategy: SharingStrategy,
-    /// MIG settings, with strategy MIG.
+    /// The MIG settings; set with strategy MIG.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig: Option<GpuMigConfig>,
-    /// MPS settings, with strategy MPS.
+    /// The MPS settings; set with strategy MPS.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mps: Option<MpsPolicy>,
-    /// Time-slicing settings, with strategy TimeSlicing.
+    /// The time-slicing settings; set with strategy TimeSlicing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_slicing: Option<TimeSlicingPolicy>,
 }
@@ -126,7 +131,8 @@ impl GpuConfig {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GpuMigConfig {
-    /// `Dynamic` or `Static`.
+    /// `Dynamic` (partitions made when claims are prepared) or `Static` (the
+    /// `instances` below, made ahead of claims).
     #[serde(default)]
     pub mode: MigMode,
     /// Profiles to offer; empty means all the GPU supports.
@@ -146,70 +152,79 @@ pub struct GpuMigConfig {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PlannedInstance {
-    /// MIG profile name.
+    /// The MIG profile, e.g. `3g.40gb`.
     pub profile: MigProfileName,
-    /// First memory slice of the placement.
+    /// The first memory slice of the placement.
     #[schemars(range(min = 0, max = 7))]
     pub start: u32,
 }
 
-/// What the node's plugin observes.
+/// What the node's plugin observes on the hardware, written by the plugin whenever it
+/// changes.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GpuNodeStatus {
-    /// The `metadata.generation` (spec) the plugin last applied.
+    /// The `metadata.generation` of the spec the plugin last applied; older than the
+    /// GpuNode's generation while the plugin has not yet acted on the operator's edit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready` and `Applied`.
+    /// The node's conditions: `Ready` (every GPU is healthy and published; otherwise the
+    /// reason says which fault, geometry or dropped field stands in the way) and
+    /// `Applied` (the plugin runs every GPU as its spec says; otherwise the message names
+    /// what waits: claims, a reset, instances not made yet).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
-    /// Every GPU of the node.
+    /// Every GPU of the node, by NVML index.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<GpuState>,
-    /// Number of GPUs (for `kubectl get`).
+    /// How many GPUs the node has (for `kubectl get`).
     #[serde(default)]
     pub gpu_count: u32,
-    /// GPUs per applied strategy, e.g. `MIG:2,MPS:1` (for `kubectl get`).
+    /// How many GPUs run each strategy now, e.g. `MIG:2,MPS:1` (for `kubectl get`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub strategy_mix: Option<String>,
-    /// Live MIG instances on the node (for `kubectl get`).
+    /// How many MIG instances exist on the node's GPUs now (for `kubectl get`).
     #[serde(default)]
     pub mig_instances: u32,
+    /// How many of the node's GPUs are not healthy: a fatal fault seen, or health
+    /// unreadable (for `kubectl get`; `gpus[].healthMessage` says why).
+    #[serde(default)]
+    pub unhealthy_gpus: u32,
 }
 
-/// One GPU as the plugin sees it.
+/// One GPU as the plugin sees it on the hardware.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GpuState {
-    /// Index on the node.
+    /// The GPU's index on the node, as NVML numbers them.
     pub index: u32,
-    /// `GPU-…` UUID.
+    /// The GPU's UUID, `GPU-…`.
     pub uuid: String,
-    /// NVML product name.
+    /// The product name NVML reports, e.g. `NVIDIA H100 80GB HBM3`.
     pub product_name: String,
-    /// Framebuffer memory in MiB.
+    /// The GPU's framebuffer memory, in MiB.
     pub memory_mi_b: u64,
-    /// Architecture, e.g. `Hopper`.
+    /// The GPU's architecture, e.g. `Hopper`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub architecture: Option<String>,
-    /// PCI bus id.
+    /// The GPU's PCI bus id, e.g. `0000:3b:00.0`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pci_bus_id: Option<String>,
-    /// Whether the GPU supports MIG.
+    /// Whether the GPU can be partitioned with MIG.
     pub mig_capable: bool,
     /// Whether MIG mode is on now.
     pub mig_enabled: bool,
-    /// Whether a MIG mode change waits for a GPU reset (A100/A30).
+    /// Whether a MIG mode change waits for a GPU reset (A100 and A30 need one).
     #[serde(default)]
     pub mig_pending_reset: bool,
-    /// The strategy the plugin applied.
+    /// The strategy the plugin runs the GPU with now; absent before it applied one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub strategy: Option<SharingStrategy>,
-    /// Live MIG instances.
+    /// The MIG instances that exist on the GPU now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub instances: Vec<MigInstanceState>,
-    /// MPS daemon state, when the GPU is shared with MPS.
+    /// The MPS control daemon and its clients, when the GPU is shared with MPS.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mps: Option<MpsState>,
     /// Every claim the plugin has prepared on this GPU or is preparing, whatever the
@@ -219,29 +234,29 @@ pub struct GpuState {
     /// change.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub prepared_claims: Vec<ClaimRef>,
-    /// Health as reported by the driver.
+    /// The GPU's health as the driver reports it.
     #[serde(default)]
     pub health: GpuHealth,
-    /// Why the GPU is unhealthy, when it is.
+    /// Why the GPU is not healthy (an XID, a lost GPU), when it is not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_message: Option<String>,
 }
 
-/// A live MIG instance.
+/// A MIG instance that exists on the GPU.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MigInstanceState {
-    /// Profile name.
+    /// The MIG profile, e.g. `1g.10gb`.
     pub profile: String,
-    /// First memory slice.
+    /// The first memory slice the instance occupies.
     pub placement_start: u32,
-    /// Number of memory slices.
+    /// How many memory slices the instance occupies.
     pub placement_size: u32,
-    /// `MIG-…` UUID.
+    /// The instance's UUID, `MIG-…`.
     pub uuid: String,
-    /// GPU instance id (not stable across destroy/recreate).
+    /// The GPU instance id NVML gave it (a recreated instance may get another).
     pub gpu_instance_id: u32,
-    /// Compute instance id.
+    /// The compute instance id NVML gave it inside its GPU instance.
     pub compute_instance_id: u32,
     /// The claim using the instance; absent while none does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -264,42 +279,43 @@ pub enum InstanceOrigin {
     External,
 }
 
-/// A reference to a ResourceClaim.
+/// A ResourceClaim, by namespace, name and UID.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClaimRef {
-    /// Namespace of the claim.
+    /// The claim's namespace.
     pub namespace: String,
-    /// Name of the claim.
+    /// The claim's name.
     pub name: String,
-    /// UID of the claim.
+    /// The claim's UID (a claim recreated under the same name has another).
     pub uid: String,
 }
 
-/// MPS state of a GPU.
+/// The MPS state of a GPU.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MpsState {
-    /// Whether the control daemon runs.
+    /// Whether the GPU's MPS control daemon runs.
     pub daemon_running: bool,
-    /// Claims holding a share, with their enforced limits.
+    /// The claims holding a share, with the limits enforced on each.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clients: Vec<MpsClientState>,
 }
 
-/// One MPS client (a claim's share).
+/// One MPS client: a claim's share of the GPU.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MpsClientState {
-    /// The claim.
+    /// The claim holding the share.
     pub claim: ClaimRef,
-    /// Enforced `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`.
+    /// The share of the GPU's threads enforced on the client
+    /// (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`), in percent.
     pub active_thread_percentage: u32,
-    /// Enforced pinned device memory limit in MiB.
+    /// The pinned device memory limit enforced on the client, in MiB.
     pub pinned_memory_limit_mi_b: u64,
 }
 
-/// GPU health.
+/// A GPU's health.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum GpuHealth {
     /// No fault seen.

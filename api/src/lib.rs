@@ -13,6 +13,8 @@ pub mod claims;
 pub mod conditions;
 pub mod constants;
 pub mod crds;
+pub mod defaults;
+pub mod duration;
 pub mod gpunode;
 pub mod policy;
 pub mod quantity;

@@ -9,7 +9,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::schema;
+use crate::{defaults, schema};
 
 /// How GPUs on the nodes selected by `nodeSelector` (and, within them, the GPUs selected by
 /// `gpuSelector`) may be shared. When several policies select the same GPU, the one with the
@@ -26,14 +26,18 @@ use crate::schema;
     status = "GpuSharingPolicyStatus",
     printcolumn = r#"{"name":"Strategy","type":"string","jsonPath":".spec.strategy"}"#,
     printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority","priority":1}"#,
-    printcolumn = r#"{"name":"Nodes","type":"integer","jsonPath":".status.matchedNodes"}"#,
-    printcolumn = r#"{"name":"GPUs","type":"integer","jsonPath":".status.matchedGpus"}"#,
+    printcolumn = r#"{"name":"Nodes","type":"integer","jsonPath":".status.matchedNodes","description":"GPU nodes the nodeSelector selects"}"#,
+    printcolumn = r#"{"name":"GPUs","type":"integer","jsonPath":".status.matchedGpus","description":"GPUs the policy governs"}"#,
     printcolumn = r#"{"name":"Allocated","type":"string","jsonPath":".status.allocatedPercent","description":"Share of the governed compute and memory slices held by claims"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason","description":"Why the policy is or is not Ready"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].message","priority":1,"description":"The Ready condition's message: the GPUs and what to do"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "has(self.nodeSelector)",
+     "message": "spec.nodeSelector is required: name the nodes, e.g. nodeSelector: {matchLabels: {tessera.dev/pool: inference}}, or write nodeSelector: {} to select every GPU node of the cluster"},
     {"rule": "self.strategy != 'MIG' || has(self.mig)",
      "message": "strategy MIG needs a mig block: add spec.mig (for example mig: {mode: Dynamic})"},
     {"rule": "self.strategy != 'Adaptive' || has(self.adaptive)",
@@ -57,7 +61,9 @@ pub struct GpuSharingPolicySpec {
     pub priority: i32,
 
     /// Nodes this policy applies to, by their labels (`matchLabels`, `matchExpressions`).
-    /// Omitted: every node that runs the Tessera plugin.
+    /// Required, so that selecting every GPU is a choice someone wrote down: `{}` selects
+    /// every node that runs the Tessera plugin. (A policy stored before this field was
+    /// required and without it is read as `{}`.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "schema::label_selector")]
     pub node_selector: Option<LabelSelector>,
@@ -88,10 +94,10 @@ pub struct GpuSharingPolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adaptive: Option<AdaptivePolicy>,
 
-    /// When and how a GPU may change shape. Omitted: only idle GPUs are repartitioned and
-    /// GPUs are never reset.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub repartition: Option<RepartitionPolicy>,
+    /// When and how a GPU may change shape: only idle GPUs ever are; this says whether a
+    /// GPU may be reset and how long a wait for claims may last before it is reported.
+    #[serde(default)]
+    pub repartition: RepartitionPolicy,
 }
 
 /// A sharing strategy for a GPU.
@@ -130,7 +136,10 @@ impl SharingStrategy {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GpuSelector {
-    /// NVML product names, e.g. `NVIDIA H100 80GB HBM3`. Empty: any product.
+    /// GPU products, each written as NVML names it (`NVIDIA H100 80GB HBM3`), as GPU
+    /// feature discovery labels it (`nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3`), or
+    /// as Tessera's model id (`h100-80gb`; `kubectl tessera profiles` lists them); case
+    /// does not matter. Empty: any product.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16), inner(length(min = 1, max = 96)), extend("x-kubernetes-list-type" = "set"))]
     pub product_names: Vec<String>,
@@ -245,7 +254,7 @@ pub enum PlacementPolicy {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MigLayoutEntry {
-    /// MIG profile name, e.g. `3g.40gb`.
+    /// The MIG profile, e.g. `3g.40gb`.
     pub profile: MigProfileName,
     /// How many instances of the profile each GPU holds.
     #[schemars(range(min = 1, max = 7))]
@@ -253,15 +262,16 @@ pub struct MigLayoutEntry {
 }
 
 /// MPS settings.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MpsPolicy {
-    /// Most claims sharing one GPU through MPS (1–48). Default 8.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Most claims sharing one GPU through MPS, from 1 to 48 (the MPS server's client
+    /// limit on Volta and newer).
+    #[serde(default = "defaults::mps_max_clients")]
     #[schemars(extend("x-kubernetes-validations" = [
         {"rule": "self >= 1 && self <= 48", "message": "mps.maxClients must be between 1 and 48 (the MPS client limit on Volta and newer)"}
     ]))]
-    pub max_clients: Option<i32>,
+    pub max_clients: u32,
 
     /// Share of the GPU's threads a client gets when its claim does not request compute
     /// capacity, in percent (1–100). Default: 100 / maxClients.
@@ -279,16 +289,35 @@ pub struct MpsPolicy {
 }
 
 /// Time-slicing settings.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TimeSlicingPolicy {
-    /// Length of each claim's turn on the GPU. Default `Default` (the driver's choice).
+    /// Length of each claim's turn on the GPU: `Default` leaves the driver's choice.
     #[serde(default)]
     pub interval: TimeSliceInterval,
-    /// Most claims sharing one GPU (1–64). Default 4.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Most claims sharing one GPU, from 1 to 64.
+    #[serde(default = "defaults::time_slicing_max_clients")]
     #[schemars(range(min = 1, max = 64))]
-    pub max_clients: Option<i32>,
+    pub max_clients: u32,
+}
+
+impl Default for MpsPolicy {
+    fn default() -> Self {
+        MpsPolicy {
+            max_clients: defaults::MPS_MAX_CLIENTS,
+            default_active_thread_percentage: None,
+            default_pinned_memory_limit: None,
+        }
+    }
+}
+
+impl Default for TimeSlicingPolicy {
+    fn default() -> Self {
+        TimeSlicingPolicy {
+            interval: TimeSliceInterval::default(),
+            max_clients: defaults::TIME_SLICING_MAX_CLIENTS,
+        }
+    }
 }
 
 /// Time-slice length, as `nvidia-smi compute-policy --set-timeslice` names them.
@@ -317,10 +346,10 @@ pub struct AdaptivePolicy {
     /// Strategies an idle GPU may be moved between, most preferred first.
     #[schemars(length(min = 1, max = 4))]
     pub strategies: Vec<SharingStrategy>,
-    /// Least time a GPU keeps a shape before it may change again, e.g. `10m`. Default `5m`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Least time a GPU keeps a shape before it may change again, e.g. `10m`.
+    #[serde(default = "defaults::adaptive_cooldown")]
     #[schemars(schema_with = "schema::duration")]
-    pub cooldown: Option<String>,
+    pub cooldown: String,
     /// Also let the scheduler switch GPUs (Kubernetes 1.36+, KEP-5007 binding conditions):
     /// each GPU past its cooldown publishes its other strategies as devices with binding
     /// conditions, which the scheduler allocates only when no ready device fits and binds
@@ -328,90 +357,145 @@ pub struct AdaptivePolicy {
     /// moves GPUs, which is faster because the scheduler checks binding conditions every
     /// five seconds (see the README).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[schemars(extend("default" = false))]
     pub binding_conditions: bool,
 }
 
+impl AdaptivePolicy {
+    /// `cooldown` as a duration (the default where it is unreadable, which the CRD's
+    /// pattern prevents).
+    pub fn cooldown_duration(&self) -> std::time::Duration {
+        crate::duration::parse(&self.cooldown).unwrap_or(defaults::ADAPTIVE_COOLDOWN)
+    }
+}
+
 /// When and how a GPU may change shape.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": format!("!has(self.drainTimeout) || self.progressDeadline == '{}' || self.progressDeadline == self.drainTimeout", defaults::progress_deadline()),
+     "message": "repartition.drainTimeout is the deprecated name of repartition.progressDeadline: set only progressDeadline"}
+]))]
 pub struct RepartitionPolicy {
     /// Allow a GPU reset where a mode change needs one (A100/A30 MIG mode). Only idle GPUs
-    /// are ever reset. Default false: such GPUs report `MigModePendingReset` instead.
+    /// are ever reset. When false, such GPUs report `MigModePendingReset` instead.
     #[serde(default)]
     pub allow_gpu_reset: bool,
-    /// How long to wait for a GPU's claims to go away before giving up on a
-    /// repartition, e.g. `15m`. Default `10m`.
+    /// How long a GPU may wait for the claims on it to end before the policy reports
+    /// `Degraded` with reason `ProgressDeadlineExceeded`, naming the claims, e.g. `15m`.
+    /// Nothing is evicted and nothing is given up: the GPU keeps waiting and takes its
+    /// new configuration as soon as its last claim ends (as a Deployment's
+    /// `progressDeadlineSeconds` reports a stalled rollout without undoing it).
+    #[serde(default = "defaults::progress_deadline")]
+    #[schemars(schema_with = "schema::duration")]
+    pub progress_deadline: String,
+    /// Deprecated: the old name of `progressDeadline`, which it overrides when set. It
+    /// never drained anything; use `progressDeadline`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "schema::duration")]
     pub drain_timeout: Option<String>,
 }
 
-/// Observed state of a policy, written by the operator.
+impl Default for RepartitionPolicy {
+    fn default() -> Self {
+        RepartitionPolicy {
+            allow_gpu_reset: false,
+            progress_deadline: defaults::progress_deadline(),
+            drain_timeout: None,
+        }
+    }
+}
+
+impl RepartitionPolicy {
+    /// The progress deadline in force: the deprecated `drainTimeout` where a manifest
+    /// still sets it, else `progressDeadline`.
+    pub fn progress_deadline_duration(&self) -> std::time::Duration {
+        self.drain_timeout
+            .as_deref()
+            .and_then(crate::duration::parse)
+            .or_else(|| crate::duration::parse(&self.progress_deadline))
+            .unwrap_or(defaults::PROGRESS_DEADLINE)
+    }
+}
+
+/// What became of the policy, written by the operator after each pass and recomputed
+/// from the cluster each time (nothing in it is history except `lastChanges`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GpuSharingPolicyStatus {
-    /// The `metadata.generation` this status describes.
+    /// The `metadata.generation` of the spec this status describes; older than the
+    /// policy's generation while the operator has not yet acted on an edit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready`, `Progressing`, `Degraded`, `Conflicted`.
+    /// The policy's conditions: `Ready` (it governs GPUs and nothing stands in the way;
+    /// otherwise its reason says what does), `Progressing` (some GPU is still being
+    /// brought to its configuration), `Degraded` (the configuration cannot apply to some
+    /// GPUs, or a wait outlived `repartition.progressDeadline`) and `Conflicted` (a
+    /// policy of the same priority selects some of its GPUs). Each reason is stable for
+    /// tools to match; each message names the GPUs and what to do.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
-    /// Nodes the policy selects.
+    /// How many nodes with GPUs its `nodeSelector` selects.
     #[serde(default)]
     pub matched_nodes: u32,
-    /// GPUs the policy governs (selected and not overridden by a higher priority).
+    /// How many GPUs the policy governs: selected by it and not by a policy of higher
+    /// priority.
     #[serde(default)]
     pub matched_gpus: u32,
-    /// Devices published and allocated, per device type and profile.
+    /// How many devices its GPUs publish and how many of those claims hold, per device
+    /// type and MIG profile.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<DeviceUsage>,
-    /// Share of the governed GPUs' compute slices held by claims, in percent.
+    /// The share of the governed GPUs' compute held by claims, in percent (MIG compute
+    /// slices, MPS thread percentages and whole GPUs counted alike).
     #[serde(default)]
     pub allocated_compute_percent: u32,
-    /// Share of the governed GPUs' memory held by claims, in percent.
+    /// The share of the governed GPUs' memory held by claims, in percent.
     #[serde(default)]
     pub allocated_memory_percent: u32,
-    /// `allocatedComputePercent` formatted for `kubectl get`, e.g. `43%`.
+    /// `allocatedComputePercent` written for `kubectl get`, e.g. `43%`; absent while the
+    /// policy governs no GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocated_percent: Option<String>,
-    /// (Adaptive) claims of unschedulable pods that ask for a device shape one of
-    /// `adaptive.strategies` offers, by the shape each prefers.
+    /// (Adaptive policies only.) The claims of unschedulable pods that ask for a device
+    /// shape one of `adaptive.strategies` offers, grouped by the shape each prefers:
+    /// the demand the operator may move idle GPUs for.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unmet_claims: Vec<UnmetShape>,
-    /// (Adaptive) the governed GPUs per strategy they have now.
+    /// (Adaptive policies only.) How many of the governed GPUs have each strategy now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus_by_strategy: Vec<StrategyGpus>,
-    /// (Adaptive) the last GPUs moved between strategies for waiting claims, newest
-    /// first (since the operator started).
+    /// (Adaptive policies only.) The last GPUs the operator moved between strategies for
+    /// waiting claims, newest first, since the operator process started (at most 10).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 10))]
     pub last_changes: Vec<AdaptiveChange>,
 }
 
-/// GPUs of one strategy.
+/// How many governed GPUs have one strategy.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StrategyGpus {
-    /// The strategy.
+    /// The strategy the GPUs have now.
     pub strategy: SharingStrategy,
-    /// GPUs that have it.
+    /// How many governed GPUs have it.
     pub gpus: u32,
 }
 
-/// One GPU an Adaptive policy moved.
+/// One GPU an Adaptive policy moved from one strategy to another.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AdaptiveChange {
-    /// `node/index`.
+    /// The GPU, as `node/index` (its NVML index on that node).
     pub gpu: String,
-    /// The strategy it had.
+    /// The strategy the GPU had before the move.
     pub from: SharingStrategy,
-    /// The strategy it was given.
+    /// The strategy the GPU was given.
     pub to: SharingStrategy,
-    /// Waiting claims that asked for `to`.
+    /// How many waiting claims asked for the strategy `to` when the move was decided.
     pub claims: u32,
-    /// When.
+    /// When the operator decided the move.
     pub time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
     /// How it ended: `Applied` (the plugin runs the GPU as `to`), `HeldBack` (a claim
     /// was allocated on the old shape while the change was on its way, and the GPU
@@ -419,35 +503,36 @@ pub struct AdaptiveChange {
     /// absent while it is on its way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<String>,
-    /// Seconds from the decision to `Applied`.
+    /// Seconds from the decision until the plugin ran the GPU as `to`, once `Applied`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seconds: Option<f64>,
 }
 
-/// Claims that wait for one device shape.
+/// The waiting claims that ask for one device shape.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct UnmetShape {
-    /// The shape, e.g. `MIG 1g.10gb`, `MPS share (25%, 4096 MiB)`, `whole GPU`.
+    /// The device shape, e.g. `MIG 1g.10gb`, `MPS share (25%, 4096 MiB)` or `whole GPU`.
     pub shape: String,
-    /// Devices of that shape the waiting claims ask for.
+    /// How many devices of that shape the waiting claims ask for in all.
     pub devices: u32,
-    /// Claims asking for it.
+    /// How many waiting claims ask for it.
     pub claims: u32,
 }
 
-/// Published and allocated devices of one kind.
+/// The devices of one kind the governed GPUs publish, and how many claims hold.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceUsage {
-    /// Device type: `gpu`, `mig`, `mps`, `timeslice`.
+    /// The device type, as the DeviceClasses select it: `gpu` (whole), `mig`, `mps` or
+    /// `timeslice`.
     #[serde(rename = "type")]
     pub device_type: String,
-    /// MIG profile, for `mig` devices.
+    /// The MIG profile of `mig` devices, e.g. `1g.10gb`; absent for other types.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<String>,
-    /// Devices advertised in ResourceSlices.
+    /// How many such devices the GPUs advertise in their ResourceSlices.
     pub published: u32,
-    /// Devices allocated to claims.
+    /// How many of them the scheduler has allocated to claims.
     pub allocated: u32,
 }

@@ -28,8 +28,8 @@ use tessera_gpu::find_model;
 use tessera_operator::demand::{Asks, Shape, asks};
 use tessera_simulate::workload::{NodeSpec, PodSpec, WHOLE_GPU_MILLI, Workload};
 
-/// The time-slicing clients a GPU takes when its policy names none (the plugin's default).
-const TIME_SLICE_CLIENTS: u32 = 4;
+/// The time-slicing clients a GPU takes when its policy names none.
+const TIME_SLICE_CLIENTS: u32 = tessera_api::defaults::TIME_SLICING_MAX_CLIENTS;
 
 /// What the cluster's objects become, with what was left out and why.
 #[derive(Debug, Default)]
@@ -40,15 +40,15 @@ pub struct FromCluster {
     pub left_out: Vec<String>,
 }
 
-/// Reads the cluster through `kubeconfig` (or as kubectl finds one).
+/// Reads the cluster the connection flags name.
 pub fn read(
-    kubeconfig: Option<&std::path::Path>,
+    connection: &crate::ConnectionArgs,
     model: &str,
     mps_max_clients: u32,
 ) -> anyhow::Result<FromCluster> {
     use kube::{Api, api::ListParams};
     let (nodes, gpunodes, pods, claims) = crate::live::block_on(async {
-        let client = crate::live::client(kubeconfig).await?;
+        let (client, _) = connection.client().await?;
         let lp = ListParams::default();
         anyhow::Ok((
             Api::<Node>::all(client.clone())

@@ -1,4 +1,5 @@
-//! `kubectl tessera gpus`.
+//! `kubectl tessera local gpus`: the GPUs of the machine it runs on (or of a simulated
+//! node), not of the cluster.
 
 use std::{io::Write, path::PathBuf};
 
@@ -11,7 +12,14 @@ use tessera_gpu::backend::{
 
 use crate::{Backend, Output};
 
-/// Arguments of `gpus`.
+/// `kubectl tessera local gpus --help` examples.
+pub const EXAMPLES: &str = "Examples:
+  # The GPUs of this machine, through its driver
+  kubectl tessera local gpus --backend nvml
+  # A simulated node's GPUs as its plugin left them, with PCI ids and UUIDs
+  kubectl tessera local gpus --backend sim --inventory node.yaml --state sim-hardware.json -o wide";
+
+/// Arguments of `local gpus`.
 #[derive(Debug, Args)]
 pub struct GpusArgs {
     /// Where the GPUs come from.
@@ -23,7 +31,8 @@ pub struct GpusArgs {
     /// State file of the simulated node: shows the node as a running plugin left it.
     #[arg(long)]
     state: Option<PathBuf>,
-    /// Output format.
+    /// Output format: table, wide (with architecture, compute capability, PCI bus id and
+    /// UUID), json or yaml.
     #[arg(short, long, value_enum, default_value_t)]
     output: Output,
 }
@@ -46,38 +55,35 @@ pub fn run(args: &GpusArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         }
     };
     let gpus = backend.gpus()?;
-    match args.output {
-        Output::Json => {
-            serde_json::to_writer_pretty(&mut *out, &gpus)?;
-            writeln!(out)?;
+    crate::live::print(out, args.output, &gpus, |out, gpus, wide| {
+        let mut header = vec!["index", "product", "model", "memory", "MIG"];
+        if wide {
+            header.extend(["arch", "CC", "PCI", "UUID"]);
         }
-        Output::Table => {
-            writeln!(
-                out,
-                "{:<5} {:<24} {:<12} {:>11} {:<9} {:<4} {:<16} {:<17} UUID",
-                "INDEX", "PRODUCT", "MODEL", "MEMORY", "ARCH", "CC", "MIG", "PCI"
-            )?;
-            for g in &gpus {
-                let mig = match (g.mig_capable, g.mig_enabled, g.mig_pending) {
-                    (false, _, _) => "n/a".to_string(),
-                    (true, c, p) if c == p => if c { "enabled" } else { "disabled" }.to_string(),
-                    (true, _, p) => format!("pending {}", if p { "on" } else { "off" }),
-                };
-                writeln!(
-                    out,
-                    "{:<5} {:<24} {:<12} {:>11} {:<9} {:<4} {:<16} {:<17} {}",
-                    g.index,
-                    g.product_name,
-                    g.model.as_deref().unwrap_or("-"),
-                    format!("{} MiB", g.memory_mib),
-                    g.architecture.as_str(),
-                    g.compute_capability,
-                    mig,
-                    g.pci_bus_id,
-                    g.uuid
-                )?;
+        let mut t = crate::live::table(&header);
+        for g in gpus {
+            let mig = match (g.mig_capable, g.mig_enabled, g.mig_pending) {
+                (false, _, _) => "n/a".to_string(),
+                (true, c, p) if c == p => if c { "enabled" } else { "disabled" }.to_string(),
+                (true, _, p) => format!("pending {}", if p { "on" } else { "off" }),
+            };
+            let mut row = vec![
+                g.index.to_string(),
+                g.product_name.clone(),
+                g.model.clone().unwrap_or_else(|| "-".into()),
+                format!("{} MiB", g.memory_mib),
+                mig,
+            ];
+            if wide {
+                row.extend([
+                    g.architecture.as_str().to_string(),
+                    g.compute_capability.to_string(),
+                    g.pci_bus_id.clone(),
+                    g.uuid.clone(),
+                ]);
             }
+            t.add_row(row);
         }
-    }
-    Ok(())
+        crate::live::write_table(out, &t)
+    })
 }

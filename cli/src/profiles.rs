@@ -1,4 +1,5 @@
-//! `kubectl tessera profiles`.
+//! `kubectl tessera profiles` (the catalogue) and `kubectl tessera local profiles` (this
+//! machine's driver).
 
 use std::io::Write;
 
@@ -13,22 +14,44 @@ use tessera_gpu::{
 
 use crate::{Output, draw};
 
+/// `kubectl tessera profiles --help` examples.
+pub const EXAMPLES: &str = "Examples:
+  # Every MIG model Tessera knows
+  kubectl tessera profiles
+  # One model, by model id or NVML product name, with its placements drawn
+  kubectl tessera profiles h100-80gb --draw
+  kubectl tessera profiles \"NVIDIA H200\" -o yaml";
+
+/// `kubectl tessera local profiles --help` examples.
+pub const LOCAL_EXAMPLES: &str = "Examples:
+  # The profiles this machine's driver reports, per MIG-capable GPU
+  kubectl tessera local profiles
+  # With placement IDs and SM counts
+  kubectl tessera local profiles -o wide";
+
 /// Arguments of `profiles`.
 #[derive(Debug, Args)]
 pub struct ProfilesArgs {
     /// GPU model: a100-40gb, a100-80gb, h100-80gb, h200-141gb, or an NVML product name
     /// such as "NVIDIA H200". All MIG models when absent.
     model: Option<String>,
-    /// Output format.
+    #[command(flatten)]
+    common: LocalProfilesArgs,
+    /// Old form of `kubectl tessera local profiles`.
+    #[arg(long, conflicts_with = "model", hide = true)]
+    from_nvml: bool,
+}
+
+/// Arguments of `local profiles` (and the catalogue's).
+#[derive(Debug, Args)]
+pub struct LocalProfilesArgs {
+    /// Output format: table, wide (with profile ids, memory slices and SMs), json or
+    /// yaml. JSON and YAML are always a list of models.
     #[arg(short, long, value_enum, default_value_t)]
     output: Output,
     /// Draw each profile's placements as a map of memory slices.
     #[arg(long)]
     draw: bool,
-    /// Read profiles and placements from the driver (read-only NVML calls) instead of the
-    /// catalogue, for every MIG-capable GPU of this machine.
-    #[arg(long, conflicts_with = "model")]
-    from_nvml: bool,
 }
 
 /// One profile in the JSON output.
@@ -131,65 +154,66 @@ pub fn run(args: &ProfilesArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     } else {
         from_catalogue(args.model.as_deref())?
     };
-    match args.output {
-        Output::Json => {
-            let models: Vec<ModelJson> = layouts
-                .iter()
-                .map(|t| ModelJson {
-                    model: t.model.clone(),
-                    profiles: t.layout.profiles.iter().map(ProfileJson::from).collect(),
-                })
-                .collect();
-            // One model prints one object (the documented shape); several print an array.
-            if let [one] = models.as_slice() {
-                serde_json::to_writer_pretty(&mut *out, one)?;
-            } else {
-                serde_json::to_writer_pretty(&mut *out, &models)?;
-            }
-            writeln!(out)?;
-        }
-        Output::Table => {
-            for (i, t) in layouts.iter().enumerate() {
-                if i > 0 {
-                    writeln!(out)?;
-                }
-                write_table(out, t)?;
-                if args.draw {
-                    writeln!(out)?;
-                    draw::draw_layout(out, &t.layout)?;
-                }
-            }
-        }
-    }
-    Ok(())
+    print(&layouts, &args.common, out)
 }
 
-fn write_table(out: &mut dyn Write, t: &Titled) -> anyhow::Result<()> {
+/// Runs `local profiles`.
+pub fn run_local(args: &LocalProfilesArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    print(&from_nvml()?, args, out)
+}
+
+fn print(layouts: &[Titled], args: &LocalProfilesArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let models: Vec<ModelJson> = layouts
+        .iter()
+        .map(|t| ModelJson {
+            model: t.model.clone(),
+            profiles: t.layout.profiles.iter().map(ProfileJson::from).collect(),
+        })
+        .collect();
+    crate::live::print(out, args.output, &models, |out, _, wide| {
+        for (i, t) in layouts.iter().enumerate() {
+            if i > 0 {
+                writeln!(out)?;
+            }
+            write_table(out, t, wide)?;
+            if args.draw {
+                writeln!(out)?;
+                draw::draw_layout(out, &t.layout)?;
+            }
+        }
+        Ok(())
+    })
+}
+
+fn write_table(out: &mut dyn Write, t: &Titled, wide: bool) -> std::io::Result<()> {
     let l = &t.layout;
     writeln!(
         out,
         "{}: {} compute slices, {} memory slices, at most {} GPU instances",
         t.title, l.compute_slices, l.memory_slices, l.max_gpu_instances
     )?;
-    writeln!(
-        out,
-        "{:<12} {:>3} {:>7} {:>13} {:>11} {:>4} {:>4}  PLACEMENTS",
-        "PROFILE", "ID", "COMPUTE", "MEMORY-SLICES", "MEMORY", "SMS", "MAX"
-    )?;
+    let mut header = vec!["profile", "compute", "memory", "max", "placements"];
+    if wide {
+        header.extend(["ID", "memory-slices", "SMs"]);
+    }
+    let mut table = crate::live::table(&header);
     for p in &l.profiles {
         let starts: Vec<String> = p.starts.iter().map(|s| s.to_string()).collect();
-        writeln!(
-            out,
-            "{:<12} {:>3} {:>7} {:>13} {:>11} {:>4} {:>4}  {}",
-            p.name,
-            p.profile_id,
-            p.compute_slices,
-            p.memory_slices,
+        let mut row = vec![
+            p.name.clone(),
+            p.compute_slices.to_string(),
             format!("{} MiB", p.memory_mib),
-            p.sm_count,
-            p.max_instances,
-            starts.join(",")
-        )?;
+            p.max_instances.to_string(),
+            starts.join(","),
+        ];
+        if wide {
+            row.extend([
+                p.profile_id.to_string(),
+                p.memory_slices.to_string(),
+                p.sm_count.to_string(),
+            ]);
+        }
+        table.add_row(row);
     }
-    Ok(())
+    crate::live::write_table(out, &table)
 }

@@ -20,6 +20,15 @@ use tessera_simulate::{
 
 use crate::Output;
 
+/// `kubectl tessera simulate --help` examples.
+pub const EXAMPLES: &str = "Examples:
+  # Compare the policies on the openb trace (GPUs needed, allocation ratio)
+  kubectl tessera simulate --pods openb_pod_list_default.csv --nodes openb_node_list_gpu_node.csv
+  # What the pods running now would need under each policy
+  kubectl tessera simulate --from-cluster --policy whole --policy adaptive
+  # A small scenario of your own, as JSON, with the chart
+  kubectl tessera simulate --scenario scenario.csv -o json --svg chart.svg";
+
 /// The FGD artifact's seeds (42–51), so ratios sit next to its published ones.
 const FIRST_SEED: u64 = 42;
 
@@ -80,10 +89,9 @@ pub struct SimulateArgs {
     /// the GPU shares their claims ask for (see the README for the mapping).
     #[arg(long, conflicts_with_all = ["pods", "scenario"])]
     from_cluster: bool,
-    /// Kubeconfig for `--from-cluster` (default: `KUBECONFIG`, then `~/.kube/config`,
-    /// then in-cluster).
-    #[arg(long, env = "KUBECONFIG", value_name = "FILE")]
-    kubeconfig: Option<PathBuf>,
+    /// Connection flags, for `--from-cluster`.
+    #[command(flatten)]
+    connection: crate::ConnectionArgs,
     /// GPU model of the modelled nodes (catalogue key or NVML product name).
     #[arg(long, env = "TESSERA_SIMULATE_GPU_MODEL", default_value = "h100-80gb")]
     gpu_model: String,
@@ -109,7 +117,7 @@ pub struct SimulateArgs {
     /// Seed of the scheduler's tie-breaks.
     #[arg(long, default_value_t = FIRST_SEED)]
     seed: u64,
-    /// Output format.
+    /// Output format: table (wide is the same: it has every column), json or yaml.
     #[arg(short, long, value_enum, default_value_t)]
     output: Output,
     /// Write the chart (GPUs needed per policy with the lower bounds) as SVG to this file.
@@ -153,11 +161,8 @@ fn read(path: &Path) -> anyhow::Result<String> {
 
 fn workload(a: &SimulateArgs) -> anyhow::Result<Workload> {
     if a.from_cluster {
-        let read = crate::from_cluster::read(
-            a.kubeconfig.as_deref(),
-            &a.gpu_model,
-            a.mps_max_clients.max(1),
-        )?;
+        let read =
+            crate::from_cluster::read(&a.connection, &a.gpu_model, a.mps_max_clients.max(1))?;
         if !a.quiet {
             for line in &read.left_out {
                 eprintln!("{line}");
@@ -218,10 +223,9 @@ pub fn run(a: &SimulateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             },
         )?
     };
-    match a.output {
-        Output::Table => write!(out, "{}", render_table(&report))?,
-        Output::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?,
-    }
+    crate::live::print(out, a.output, &report, |out, report, _| {
+        write!(out, "{}", render_table(report))
+    })?;
     if let Some(path) = &a.svg {
         std::fs::write(path, render_svg(&report))
             .with_context(|| format!("writing {}", path.display()))?;

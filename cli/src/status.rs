@@ -10,7 +10,7 @@ mod render;
 #[cfg(test)]
 mod tests;
 
-use std::{collections::BTreeMap, io::Write, path::PathBuf};
+use std::{collections::BTreeMap, io::Write};
 
 use anyhow::Context;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -25,7 +25,16 @@ use tessera_gpu::{
     geometry::{Occupancy, Placement},
 };
 
-use crate::Output;
+use crate::{ConnectionArgs, Output};
+
+/// `kubectl tessera status --help` examples.
+pub const EXAMPLES: &str = "Examples:
+  # Every GPU node
+  kubectl tessera status
+  # One node, with GPU UUIDs
+  kubectl tessera status --node gpu-node-1 -o wide
+  # For a script, against another cluster
+  kubectl tessera status -o json --context prod";
 
 /// `kubectl tessera status` flags.
 #[derive(Debug, clap::Args)]
@@ -33,12 +42,12 @@ pub struct StatusArgs {
     /// Only this node.
     #[arg(long)]
     pub node: Option<String>,
-    /// Output format.
+    /// Output format: table (a picture per node), wide (with GPU UUIDs), json or yaml.
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
-    /// Kubeconfig (default: `KUBECONFIG`, then `~/.kube/config`, then in-cluster).
-    #[arg(long, env = "KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
+    /// Connection flags.
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
 }
 
 /// The cluster's GPUs.
@@ -173,7 +182,7 @@ async fn read(
     args: &StatusArgs,
 ) -> anyhow::Result<(Vec<GpuNode>, Vec<ResourceSlice>, Vec<ResourceClaim>)> {
     use kube::{Api, api::ListParams};
-    let client = crate::live::client(args.kubeconfig.as_deref()).await?;
+    let (client, _) = args.connection.client().await?;
     let gpunodes = Api::<GpuNode>::all(client.clone())
         .list(&ListParams::default())
         .await

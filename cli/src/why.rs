@@ -15,7 +15,7 @@ mod render;
 #[cfg(test)]
 mod tests;
 
-use std::{collections::BTreeMap, io::Write, path::PathBuf, sync::Arc};
+use std::{collections::BTreeMap, io::Write, sync::Arc};
 
 use anyhow::Context;
 use k8s_openapi::api::{
@@ -34,25 +34,33 @@ use tessera_operator::{
     usage::Supply,
 };
 
-use crate::Output;
+use crate::{ConnectionArgs, Output};
 
 /// Claims named as holders before "and N more".
 const HOLDERS: usize = 5;
+
+/// `kubectl tessera why --help` examples.
+pub const EXAMPLES: &str = "Examples:
+  # A pod of the current context's namespace
+  kubectl tessera why trainer-0
+  # A pod of another namespace, with the device counts behind each verdict
+  kubectl tessera why trainer-0 -n ml -o wide";
 
 /// `kubectl tessera why` flags.
 #[derive(Debug, clap::Args)]
 pub struct WhyArgs {
     /// The pod.
     pub pod: String,
-    /// Its namespace.
-    #[arg(short = 'n', long, default_value = "default")]
-    pub namespace: String,
-    /// Output format.
+    /// Its namespace (default: the kubeconfig context's namespace, as kubectl).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    /// Output format: table (the verdicts), wide (with the device counts behind each),
+    /// json or yaml.
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
-    /// Kubeconfig (default: `KUBECONFIG`, then `~/.kube/config`, then in-cluster).
-    #[arg(long, env = "KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
+    /// Connection flags.
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
 }
 
 /// The answer.
@@ -153,12 +161,13 @@ pub struct Cluster {
 
 async fn read(args: &WhyArgs) -> anyhow::Result<Cluster> {
     use kube::{Api, api::ListParams};
-    let client = crate::live::client(args.kubeconfig.as_deref()).await?;
-    let pod = Api::<Pod>::namespaced(client.clone(), &args.namespace)
+    let (client, context_namespace) = args.connection.client().await?;
+    let namespace = args.namespace.clone().unwrap_or(context_namespace);
+    let pod = Api::<Pod>::namespaced(client.clone(), &namespace)
         .get_opt(&args.pod)
         .await
-        .with_context(|| format!("reading pod {}/{}", args.namespace, args.pod))?
-        .with_context(|| format!("pod {}/{} does not exist", args.namespace, args.pod))?;
+        .with_context(|| format!("reading pod {namespace}/{}", args.pod))?
+        .with_context(|| format!("pod {namespace}/{} does not exist", args.pod))?;
     let claims = Api::<ResourceClaim>::all(client.clone())
         .list(&ListParams::default())
         .await

@@ -1,5 +1,8 @@
 //! Runs the built `kubectl-tessera` binary.
 
+// Test fixtures outside #[test] functions panic on purpose: a failed setup step is a failed test.
+#![allow(clippy::unwrap_used)]
+
 use std::process::Command;
 
 fn kubectl_tessera(args: &[&str]) -> (bool, String, String) {
@@ -23,7 +26,8 @@ fn profiles_a100_40gb_json_matches_the_reference_facts() {
         serde_json::json!({"name": name, "profileId": id, "computeSlices": c, "memorySlices": m,
             "memoryMiB": mib, "maxInstances": max, "placements": starts})
     };
-    let want = serde_json::json!({"model": "a100-40gb", "profiles": [
+    // A list is always a list, even of one model.
+    let want = serde_json::json!([{"model": "a100-40gb", "profiles": [
         p("1g.5gb", 19, 1, 1, 4864, 7, &[0, 1, 2, 3, 4, 5, 6]),
         p("1g.5gb+me", 20, 1, 1, 4864, 1, &[0, 1, 2, 3, 4, 5, 6]),
         p("1g.10gb", 15, 1, 2, 9856, 4, &[0, 2, 4, 6]),
@@ -31,7 +35,7 @@ fn profiles_a100_40gb_json_matches_the_reference_facts() {
         p("3g.20gb", 9, 3, 4, 19968, 2, &[0, 4]),
         p("4g.20gb", 5, 4, 4, 19968, 1, &[0]),
         p("7g.40gb", 0, 7, 8, 40192, 1, &[0]),
-    ]});
+    ]}]);
     assert_eq!(got, want);
 }
 
@@ -95,6 +99,7 @@ fn gpus_from_a_simulated_inventory_as_json() {
     )
     .unwrap();
     let (ok, stdout, stderr) = kubectl_tessera(&[
+        "local",
         "gpus",
         "--backend",
         "sim",
@@ -186,4 +191,175 @@ fn simulate_names_the_bad_line_of_its_input() {
         "{stderr}"
     );
     assert!(!stderr.contains("error: error:"), "{stderr}");
+}
+
+#[test]
+fn the_old_gpus_name_still_works_and_yaml_and_wide_are_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let inv = dir.path().join("inv.yaml");
+    std::fs::write(&inv, "gpus: [{model: h100-80gb}, {model: l4}]").unwrap();
+    let inv = inv.to_str().unwrap();
+    let (ok, yaml, stderr) =
+        kubectl_tessera(&["gpus", "--backend", "sim", "--inventory", inv, "-o", "yaml"]);
+    assert!(ok, "{stderr}");
+    let gpus: serde_json::Value = serde_yaml::from_str(&yaml).unwrap();
+    assert_eq!(gpus.as_array().unwrap().len(), 2);
+    let (ok, wide, _) = kubectl_tessera(&[
+        "local",
+        "gpus",
+        "--backend",
+        "sim",
+        "--inventory",
+        inv,
+        "-o",
+        "wide",
+    ]);
+    assert!(ok);
+    let lines: Vec<&str> = wide.lines().collect();
+    assert!(
+        lines[0].contains("UUID") && lines[0].contains("PCI"),
+        "{wide}"
+    );
+    // The long product name does not push the next column out of line.
+    let col = |l: &str, w: &str| l.find(w).unwrap();
+    assert_eq!(col(lines[0], "MODEL"), col(lines[1], "h100-80gb"), "{wide}");
+    assert_eq!(col(lines[1], "h100-80gb"), col(lines[2], "l4"), "{wide}");
+}
+
+#[test]
+fn usage_reads_kubectl_tessera_and_each_command_shows_an_example() {
+    let (ok, help, _) = kubectl_tessera(&["--help"]);
+    assert!(ok);
+    assert!(help.contains("Usage: kubectl tessera <COMMAND>"), "{help}");
+    assert!(help.contains("local"), "{help}");
+    assert!(
+        !help.contains("\n  gpus "),
+        "the old name is hidden: {help}"
+    );
+    let (ok, help, _) = kubectl_tessera(&["why", "--help"]);
+    assert!(ok);
+    for flag in [
+        "--kubeconfig",
+        "--context",
+        "--namespace",
+        "--request-timeout",
+        "wide",
+        "yaml",
+    ] {
+        assert!(help.contains(flag), "{flag} missing in\n{help}");
+    }
+    assert!(
+        help.contains("kubectl tessera why trainer-0 -n ml"),
+        "{help}"
+    );
+}
+
+/// Two kubeconfig files, as `KUBECONFIG=a:b` lists them: the second holds the context.
+fn two_kubeconfigs(dir: &std::path::Path) -> String {
+    let a = dir.join("a");
+    let b = dir.join("b");
+    std::fs::write(
+        &a,
+        "apiVersion: v1\nkind: Config\ncurrent-context: first\nclusters: [{name: c1, cluster: {server: 'https://127.0.0.1:1'}}]\nusers: [{name: u, user: {token: t}}]\ncontexts: [{name: first, context: {cluster: c1, user: u}}]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        &b,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c2, cluster: {server: 'https://127.0.0.1:2'}}]\nusers: [{name: u2, user: {token: t}}]\ncontexts: [{name: second, context: {cluster: c2, user: u2, namespace: team-b}}]\n",
+    )
+    .unwrap();
+    std::env::join_paths([a, b])
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn kubeconfig_lists_are_merged_as_kubectl_merges_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = two_kubeconfigs(dir.path());
+    // The context of the second file is found, and the request goes to its cluster: a
+    // port nothing listens on, so the error names that server, not the kubeconfig.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kubectl-tessera"))
+        .args(["status", "--context", "second", "--request-timeout", "5s"])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(!stderr.contains("kubeconfig"), "{stderr}");
+    assert!(stderr.contains("listing GpuNodes"), "{stderr}");
+    // An unknown context is a kubeconfig error that names it.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kubectl-tessera"))
+        .args(["status", "--context", "third"])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("third"), "{stderr}");
+}
+
+/// `plugins/tessera.yaml` rendered as krew-release-bot renders it for `tag`, with `sha`
+/// for every archive.
+fn render_krew_manifest(tag: &str, sha: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/tessera.yaml");
+    let template = std::fs::read_to_string(path).unwrap();
+    let mut out = String::new();
+    for line in template.lines() {
+        if let Some(rest) = line.trim_start().strip_prefix("{{addURIAndSha \"") {
+            let indent = &line[..line.len() - line.trim_start().len()];
+            let url = rest
+                .split('"')
+                .next()
+                .unwrap()
+                .replace("{{ .TagName }}", tag);
+            out.push_str(&format!("{indent}uri: {url}\n{indent}sha256: {sha}\n"));
+        } else {
+            out.push_str(&line.replace("{{ .TagName }}", tag));
+            out.push('\n');
+        }
+    }
+    out
+}
+
+#[test]
+fn the_krew_manifest_renders_to_what_krew_requires() {
+    let sha = "0".repeat(64);
+    let m: serde_json::Value = serde_yaml::from_str(&render_krew_manifest("v0.1.0", &sha)).unwrap();
+    assert_eq!(
+        m["apiVersion"],
+        "krew.googlecontainertools.github.com/v1alpha2"
+    );
+    assert_eq!(m["kind"], "Plugin");
+    // krew names the plugin after the file and runs kubectl-<name>.
+    assert_eq!(m["metadata"]["name"], "tessera");
+    assert_eq!(m["spec"]["version"], "v0.1.0");
+    assert!(
+        m["spec"]["shortDescription"].as_str().unwrap().len() <= 50,
+        "krew-index keeps short descriptions short"
+    );
+    let platforms = m["spec"]["platforms"].as_array().unwrap();
+    assert_eq!(platforms.len(), 2);
+    for p in platforms {
+        let labels = &p["selector"]["matchLabels"];
+        let arch = labels["arch"].as_str().unwrap();
+        assert_eq!(labels["os"], "linux");
+        assert_eq!(p["bin"], "kubectl-tessera");
+        assert_eq!(p["sha256"], sha.as_str());
+        assert_eq!(
+            p["uri"],
+            format!(
+                "https://github.com/tessera-gpu/tessera/releases/download/v0.1.0/kubectl-tessera-linux-{arch}.tar.gz"
+            )
+        );
+        let files: Vec<&str> = p["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["from"].as_str().unwrap())
+            .collect();
+        assert!(files.contains(&"kubectl-tessera") && files.contains(&"LICENSE"));
+    }
+    // The binary krew installs is the one cargo builds.
+    assert!(env!("CARGO_BIN_EXE_kubectl-tessera").ends_with("kubectl-tessera"));
 }

@@ -309,7 +309,7 @@ pub async fn adaptive_latency(
         let policy: GpuSharingPolicy = serde_json::from_value(json!({
             "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuSharingPolicy",
             "metadata": {"name": "adaptive"},
-            "spec": {"strategy": "Adaptive", "mig": {"mode": "Dynamic"},
+            "spec": {"strategy": "Adaptive", "nodeSelector": {}, "mig": {"mode": "Dynamic"},
                      "adaptive": {"strategies": ["MIG", "MPS"], "cooldown": "0s",
                                   "bindingConditions": config.binding_conditions}}
         }))?;

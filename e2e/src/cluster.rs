@@ -137,6 +137,17 @@ pub async fn create_claim_pod(
     name: &str,
     req: GpuRequest<'_>,
 ) -> Result<()> {
+    create_claim_pod_on(client, namespace, name, req, None).await
+}
+
+/// [`create_claim_pod`], with the pod held to `node` by a node selector when given.
+pub async fn create_claim_pod_on(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    req: GpuRequest<'_>,
+    node: Option<&str>,
+) -> Result<()> {
     let mut exactly = serde_json::json!({"deviceClassName": req.class});
     if let Some(sel) = req.selector {
         exactly["selectors"] = serde_json::json!([{"cel": {"expression": sel}}]);
@@ -173,7 +184,11 @@ pub async fn create_claim_pod(
             "creating ResourceClaimTemplate {namespace}/{name}"
         )))?;
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), namespace);
-    let pod = serde_json::from_value(objects[1].clone()).map_err(|e| Error::Manifest {
+    let mut manifest = objects[1].clone();
+    if let Some(node) = node {
+        manifest["spec"]["affinity"] = on_node(node);
+    }
+    let pod = serde_json::from_value(manifest).map_err(|e| Error::Manifest {
         source_name: name.into(),
         detail: e.to_string(),
     })?;
@@ -181,6 +196,15 @@ pub async fn create_claim_pod(
         .await
         .map_err(kube_err(format!("creating Pod {namespace}/{name}")))?;
     Ok(())
+}
+
+/// A pod affinity that holds it to `node` (by name, whatever labels the node has).
+pub fn on_node(node: &str) -> serde_json::Value {
+    serde_json::json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}
+        ]}]
+    }}})
 }
 
 /// Whether the scheduler said it found no node for the pod (`PodScheduled=False`,

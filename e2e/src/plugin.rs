@@ -47,6 +47,12 @@ pub fn simdriver_built() -> anyhow::Result<PathBuf> {
         .to_path_buf())
 }
 
+/// The `--default-strategy` the test bed's plugins run with: the plugin-level tests
+/// exercise MIG partitions without running the operator, so their GPUs offer every
+/// profile without a policy. An install defaults to `exclusive`
+/// ([`SimNode::start_as_installed`] runs the plugin with its own default).
+pub const TEST_BED_DEFAULT_STRATEGY: &str = "dynamic-mig";
+
 /// One simulated node.
 pub struct SimNode {
     /// Node name.
@@ -60,6 +66,8 @@ pub struct SimNode {
     /// The small tmpfs the plugin's checkpoint directory is mounted on, if it has one (see
     /// [`SimNode::start_with_small_checkpoint_dir`]).
     checkpoint_volume: Option<CheckpointVolume>,
+    /// `--default-strategy` given to the plugin; `None`: the plugin's own default.
+    default_strategy: Option<&'static str>,
     process: Option<Child>,
     /// The kubelet of this node.
     pub kubelet: HollowKubelet,
@@ -172,7 +180,17 @@ impl SimNode {
     /// starts the plugin and waits until the kubelet has registered it.
     /// `inventory` is the simulated hardware (YAML), e.g. `gpus: [{model: h100-80gb}]`.
     pub async fn start(cp: &ControlPlane, name: &str, inventory: &str) -> anyhow::Result<Self> {
-        Self::start_inner(cp, name, inventory, None).await
+        Self::start_inner(cp, name, inventory, None, Some(TEST_BED_DEFAULT_STRATEGY)).await
+    }
+
+    /// [`SimNode::start`] with the plugin's flags as an install sets them: its own
+    /// `--default-strategy`.
+    pub async fn start_as_installed(
+        cp: &ControlPlane,
+        name: &str,
+        inventory: &str,
+    ) -> anyhow::Result<Self> {
+        Self::start_inner(cp, name, inventory, None, None).await
     }
 
     /// [`SimNode::start`], then labels the Node `tessera.dev/pool=<pool>`, the label the
@@ -230,7 +248,14 @@ impl SimNode {
         inventory: &str,
         bytes: u64,
     ) -> anyhow::Result<Self> {
-        Self::start_inner(cp, name, inventory, Some(bytes)).await
+        Self::start_inner(
+            cp,
+            name,
+            inventory,
+            Some(bytes),
+            Some(TEST_BED_DEFAULT_STRATEGY),
+        )
+        .await
     }
 
     async fn start_inner(
@@ -238,6 +263,7 @@ impl SimNode {
         name: &str,
         inventory: &str,
         checkpoint_tmpfs: Option<u64>,
+        default_strategy: Option<&'static str>,
     ) -> anyhow::Result<Self> {
         let admin = cp.admin_client().await?;
         let dir = tempfile::Builder::new().prefix("tessera-node-").tempdir()?;
@@ -279,6 +305,7 @@ impl SimNode {
             metrics_port,
             pod_uid: uuid::Uuid::new_v4().to_string(),
             checkpoint_volume,
+            default_strategy,
             process: None,
             kubelet,
         };
@@ -360,6 +387,9 @@ impl SimNode {
                 c
             }
         };
+        if let Some(strategy) = self.default_strategy {
+            command.arg("--default-strategy").arg(strategy);
+        }
         let child = command
             .args(["--node-name", &self.name, "--backend", "nvml"])
             .arg("--nvidia-driver-root")

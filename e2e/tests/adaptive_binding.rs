@@ -39,7 +39,7 @@ async fn setup() -> (ControlPlane, Client) {
 
 async fn apply_policy(client: &Client, cooldown: &str) {
     let p: GpuSharingPolicy = serde_yaml::from_str(&format!(
-        "apiVersion: tessera.dev/v1alpha1\nkind: GpuSharingPolicy\nmetadata: {{name: adaptive}}\nspec:\n  strategy: Adaptive\n  mig: {{mode: Dynamic}}\n  mps: {{maxClients: 4}}\n  adaptive: {{strategies: [MIG, MPS], cooldown: {cooldown}, bindingConditions: true}}\n"
+        "apiVersion: tessera.dev/v1alpha1\nkind: GpuSharingPolicy\nmetadata: {{name: adaptive}}\nspec:\n  nodeSelector: {{}}\n  strategy: Adaptive\n  mig: {{mode: Dynamic}}\n  mps: {{maxClients: 4}}\n  adaptive: {{strategies: [MIG, MPS], cooldown: {cooldown}, bindingConditions: true}}\n"
     ))
     .unwrap();
     Api::<GpuSharingPolicy>::all(client.clone())

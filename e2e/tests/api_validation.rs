@@ -75,9 +75,60 @@ async fn the_printer_columns_and_short_names_work_in_kubectl() {
         "GPUS",
         "ALLOCATED",
         "READY",
+        "REASON",
         "AGE",
     ] {
         assert!(header.contains(col), "missing column {col} in {header}");
+    }
+    // `-o wide` adds the Ready message; GpuNodes say applied state and unhealthy GPUs,
+    // under headers that cannot be misread.
+    let kubectl_header = |args: &[&str]| {
+        let out = std::process::Command::new(cp.bins().path("kubectl"))
+            .args(args)
+            .env("KUBECONFIG", cp.kubeconfig_path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let wide = kubectl_header(&["get", "gsp", "-o", "wide"]);
+    assert!(
+        wide.contains("PRIORITY") && wide.contains("MESSAGE"),
+        "{wide}"
+    );
+    cluster::apply_dir(&client, &repo_root().join("config/samples"), false)
+        .await
+        .unwrap();
+    let gpunode: tessera_api::GpuNode = serde_json::from_value(serde_json::json!({
+        "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
+        "metadata": {"name": "n"}, "spec": {}
+    }))
+    .unwrap();
+    Api::<tessera_api::GpuNode>::all(client.clone())
+        .create(&PostParams::default(), &gpunode)
+        .await
+        .unwrap();
+    let gn = kubectl_header(&["get", "gn", "-o", "wide"]);
+    for col in [
+        "GPUS",
+        "STRATEGIES",
+        "MIG INSTANCES",
+        "UNHEALTHY GPUS",
+        "APPLIED",
+        "READY",
+        "REASON",
+        "APPLIED REASON",
+        "MESSAGE",
+    ] {
+        assert!(gn.contains(col), "missing column {col} in {gn}");
     }
     assert!(
         text.contains("h100-inference-dynamic-mig") && text.contains("MIG"),
@@ -262,7 +313,43 @@ const INVALID: &[(&str, &str, &str)] = &[
         "strategy: Exclusive\ngpuSelector: {productNames: [NVIDIA L4, NVIDIA L4]}",
         "Duplicate value: \"NVIDIA L4\"",
     ),
+    (
+        "without-node-selector",
+        "strategy: Exclusive",
+        "spec.nodeSelector is required: name the nodes, e.g. nodeSelector: {matchLabels: {tessera.dev/pool: inference}}, or write nodeSelector: {} to select every GPU node of the cluster",
+    ),
+    (
+        "deadline-under-both-names",
+        "strategy: Exclusive\nrepartition: {drainTimeout: 5m, progressDeadline: 15m}",
+        "repartition.drainTimeout is the deprecated name of repartition.progressDeadline: set only progressDeadline",
+    ),
+    (
+        "bad-deadline",
+        "strategy: Exclusive\nrepartition: {progressDeadline: 1d}",
+        "duration 1d is not valid",
+    ),
+    (
+        "zero-time-slices",
+        "strategy: TimeSlicing\ntimeSlicing: {maxClients: 0}",
+        "should be greater than or equal to 1",
+    ),
 ];
+
+/// `spec` (YAML) as a policy object; every case but the one about it gets
+/// `nodeSelector: {}`, so each is refused for its own reason only.
+fn policy_object(name: &str, spec: &str) -> DynamicObject {
+    let mut spec: serde_json::Value = serde_yaml::from_str(spec).unwrap();
+    if name != "without-node-selector" && spec.get("nodeSelector").is_none() {
+        spec["nodeSelector"] = serde_json::json!({});
+    }
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "tessera.dev/v1alpha1",
+        "kind": "GpuSharingPolicy",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .unwrap()
+}
 
 #[tokio::test]
 async fn invalid_policies_are_refused_with_a_message_that_says_what_to_fix() {
@@ -271,14 +358,7 @@ async fn invalid_policies_are_refused_with_a_message_that_says_what_to_fix() {
     let policies = dynamic_policies(client);
     let mut failures = Vec::new();
     for (name, spec, expected) in INVALID {
-        let spec: serde_json::Value = serde_yaml::from_str(spec).unwrap();
-        let obj = serde_json::json!({
-            "apiVersion": "tessera.dev/v1alpha1",
-            "kind": "GpuSharingPolicy",
-            "metadata": {"name": name},
-            "spec": spec,
-        });
-        let obj: DynamicObject = serde_json::from_value(obj).unwrap();
+        let obj = policy_object(name, spec);
         match policies.create(&PostParams::default(), &obj).await {
             Ok(_) => failures.push(format!("{name}: was accepted")),
             Err(kube::Error::Api(status)) => {
@@ -465,4 +545,119 @@ async fn a_plugin_writes_only_its_own_nodes_slices_and_gpunode() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("not of node n-b"), "{err}");
+}
+
+/// A server-side dry run, as `kubectl apply --dry-run=server` sends it.
+fn dry_run() -> PostParams {
+    PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    }
+}
+
+#[tokio::test]
+async fn every_default_is_written_into_the_stored_policy() {
+    let cp = start_for_test().await.unwrap();
+    let policies = dynamic_policies(cp.admin_client().await.unwrap());
+    let read = |obj: DynamicObject| serde_json::to_value(obj.data["spec"].clone()).unwrap();
+    let mps = read(
+        policies
+            .create(&dry_run(), &policy_object("mps", "strategy: MPS\nmps: {}"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        mps["mps"]["maxClients"],
+        tessera_api::defaults::MPS_MAX_CLIENTS
+    );
+    assert_eq!(mps["priority"], 0);
+    assert_eq!(
+        mps["repartition"],
+        serde_json::json!({"allowGpuReset": false, "progressDeadline": "10m"})
+    );
+    let ts = read(
+        policies
+            .create(
+                &dry_run(),
+                &policy_object("ts", "strategy: TimeSlicing\ntimeSlicing: {}"),
+            )
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        ts["timeSlicing"],
+        serde_json::json!({"interval": "Default", "maxClients": tessera_api::defaults::TIME_SLICING_MAX_CLIENTS})
+    );
+    let adaptive = read(
+        policies
+            .create(
+                &dry_run(),
+                &policy_object(
+                    "adaptive",
+                    "strategy: Adaptive\nadaptive: {strategies: [MIG, MPS]}\nmig: {}",
+                ),
+            )
+            .await
+            .unwrap(),
+    );
+    assert_eq!(adaptive["adaptive"]["cooldown"], "5m");
+    assert_eq!(adaptive["adaptive"]["bindingConditions"], false);
+    assert_eq!(
+        adaptive["mig"],
+        serde_json::json!({"mode": "Dynamic", "placement": "Pack", "reserve": 0})
+    );
+    // What the API server wrote reads back as the operator reads a policy.
+    let typed: tessera_api::GpuSharingPolicySpec = serde_json::from_value(adaptive).unwrap();
+    assert_eq!(
+        typed.adaptive.unwrap().cooldown_duration(),
+        tessera_api::defaults::ADAPTIVE_COOLDOWN
+    );
+    // An old manifest's drainTimeout is still accepted, and is the deadline in force.
+    let old = read(
+        policies
+            .create(
+                &dry_run(),
+                &policy_object(
+                    "old",
+                    "strategy: Exclusive\nrepartition: {drainTimeout: 15m}",
+                ),
+            )
+            .await
+            .unwrap(),
+    );
+    let typed: tessera_api::GpuSharingPolicySpec = serde_json::from_value(old).unwrap();
+    assert_eq!(
+        typed.repartition.progress_deadline_duration(),
+        std::time::Duration::from_secs(15 * 60)
+    );
+}
+
+#[tokio::test]
+async fn tessera_reads_every_memory_limit_the_api_server_accepts_and_no_other() {
+    let cp = start_for_test().await.unwrap();
+    let policies = dynamic_policies(cp.admin_client().await.unwrap());
+    let mut disagreements = Vec::new();
+    for (i, q) in [
+        "8Gi", "8e9", "8E9", "1.5e3Mi", "+.5Gi", "512Mi", "0.5", "1e-3", "5n", "3u", "100m", "1k",
+        "2P", "1Ei", "1e30", "15e-1", "1.", ".5", "8GB", "8gi", "1e", "0", "-1Gi", "1K", "1e1.5",
+        "Gi", "1 Gi", "0e0",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let obj = policy_object(
+            &format!("q{i}"),
+            &format!("strategy: MPS\nmps: {{defaultPinnedMemoryLimit: {q:?}}}"),
+        );
+        let accepted = policies.create(&dry_run(), &obj).await.is_ok();
+        let read = tessera_api::quantity::parse_mib(q).is_some_and(|mib| mib > 0);
+        if accepted != read {
+            disagreements.push(format!(
+                "{q}: the API server {} it, Tessera {} it",
+                if accepted { "accepts" } else { "refuses" },
+                if read { "reads" } else { "cannot read" }
+            ));
+        }
+    }
+    assert!(disagreements.is_empty(), "{}", disagreements.join("\n"));
 }

@@ -29,6 +29,10 @@ async fn a_short_fault_campaign_breaks_no_invariant() {
         "torn-checkpoint",
         "plugin-upgrade",
         "checkpoint-dir",
+        "policy-edit",
+        "plugin-restart-mid-change",
+        "adaptive-move",
+        "destroy-refused",
     ] {
         assert!(
             report.faults.get(kind).copied().unwrap_or(0) > 0,
@@ -43,6 +47,8 @@ async fn a_short_fault_campaign_breaks_no_invariant() {
         report.faults["checkpoint-dir"],
         "{report}"
     );
+    // The refused destroy met a half-made instance at the plugin's start-up.
+    assert_eq!(report.destroy_refusals_not_reached, 0, "{report}");
     assert!(report.pods_created > 0 && report.checks > report.steps);
     // Faults amid a workload that runs, not amid pods that never start.
     assert!(report.pods_running_max >= 3, "{report}");

@@ -274,13 +274,13 @@ const X: &str = r"
 apiVersion: tessera.dev/v1alpha1
 kind: GpuSharingPolicy
 metadata: {name: x}
-spec: {priority: 5, strategy: MPS}
+spec: {priority: 5, strategy: MPS, nodeSelector: {}}
 ";
 const Y: &str = r"
 apiVersion: tessera.dev/v1alpha1
 kind: GpuSharingPolicy
 metadata: {name: y}
-spec: {priority: 5, strategy: TimeSlicing}
+spec: {priority: 5, strategy: TimeSlicing, nodeSelector: {}}
 ";
 
 #[tokio::test]
@@ -451,6 +451,7 @@ apiVersion: tessera.dev/v1alpha1
 kind: GpuSharingPolicy
 metadata: {name: too-big}
 spec:
+  nodeSelector: {}
   strategy: MIG
   mig:
     mode: Static
@@ -475,6 +476,7 @@ apiVersion: tessera.dev/v1alpha1
 kind: GpuSharingPolicy
 metadata: {name: too-big}
 spec:
+  nodeSelector: {}
   strategy: MIG
   mig:
     mode: Static
@@ -660,7 +662,7 @@ async fn apply_adaptive(client: &Client, settings: &str) {
     apply_policy(
         client,
         &format!(
-            "apiVersion: tessera.dev/v1alpha1\nkind: GpuSharingPolicy\nmetadata: {{name: adaptive}}\nspec:\n  strategy: Adaptive\n  mig: {{mode: Dynamic}}\n{settings}"
+            "apiVersion: tessera.dev/v1alpha1\nkind: GpuSharingPolicy\nmetadata: {{name: adaptive}}\nspec:\n  nodeSelector: {{}}\n  strategy: Adaptive\n  mig: {{mode: Dynamic}}\n{settings}"
         ),
     )
     .await;

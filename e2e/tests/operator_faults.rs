@@ -60,7 +60,7 @@ async fn apply_x(client: &Client, strategy: &str) {
     let p: GpuSharingPolicy = serde_json::from_value(json!({
         "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuSharingPolicy",
         "metadata": {"name": "x"},
-        "spec": {"priority": 5, "strategy": strategy},
+        "spec": {"priority": 5, "strategy": strategy, "nodeSelector": {}},
     }))
     .unwrap();
     let api: Api<GpuSharingPolicy> = Api::all(client.clone());

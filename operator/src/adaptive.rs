@@ -44,7 +44,7 @@ use tessera_api::{
 
 use crate::{
     demand::{Demand, Shape},
-    resolve::{self, Resolution, Snapshot},
+    resolve::{Resolution, Snapshot},
     room::{Ledger, Rooms},
 };
 
@@ -52,8 +52,8 @@ mod holds;
 
 use holds::Holds;
 
-/// `adaptive.cooldown` when the policy sets none.
-pub const DEFAULT_COOLDOWN: Duration = Duration::from_secs(300);
+/// `adaptive.cooldown` when the policy sets none (the CRD writes it into every policy).
+pub const DEFAULT_COOLDOWN: Duration = tessera_api::defaults::ADAPTIVE_COOLDOWN;
 /// GPUs that change shape in one pass, in the whole cluster.
 pub const MAX_CHANGES: usize = 8;
 
@@ -134,16 +134,8 @@ pub fn plan(
         let Some(outcome) = resolution.policies.get(&policy.name) else {
             continue;
         };
-        let cooldown = adaptive
-            .cooldown
-            .as_deref()
-            .and_then(resolve::parse_duration)
-            .unwrap_or(DEFAULT_COOLDOWN);
-        let allow_reset = policy
-            .spec
-            .repartition
-            .as_ref()
-            .is_some_and(|r| r.allow_gpu_reset);
+        let cooldown = adaptive.cooldown_duration();
+        let allow_reset = policy.spec.repartition.allow_gpu_reset;
         let mut wanted = wanted(demand, &adaptive.strategies, &served);
         // The policy's GPUs: (node, index, strategy now, idle).
         let gpus: Vec<(String, u32, SharingStrategy, bool)> = outcome

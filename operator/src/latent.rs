@@ -15,7 +15,7 @@ use tessera_api::policy::SharingStrategy;
 
 use crate::{
     adaptive::{Change, DEFAULT_COOLDOWN},
-    resolve::{self, PolicyView, Snapshot},
+    resolve::{PolicyView, Snapshot},
     transitions::GpuKey,
     usage::Supply,
 };
@@ -47,9 +47,7 @@ fn cooldown(policy: &PolicyView) -> Duration {
         .spec
         .adaptive
         .as_ref()
-        .and_then(|a| a.cooldown.as_deref())
-        .and_then(resolve::parse_duration)
-        .unwrap_or(DEFAULT_COOLDOWN)
+        .map_or(DEFAULT_COOLDOWN, |a| a.cooldown_duration())
 }
 
 /// The GPUs of binding-conditions policies still in their cooldown (`since_change`: how

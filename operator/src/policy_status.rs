@@ -16,7 +16,7 @@ use tessera_api::{
 };
 
 use crate::{
-    resolve::{PolicyOutcome, PolicyView, drain_timeout},
+    resolve::{PolicyOutcome, PolicyView, progress_deadline},
     usage::Usage,
 };
 
@@ -50,7 +50,7 @@ pub fn compute(
     let conflicted = conflicted(policy, outcome);
     let degraded = degraded(policy, outcome);
     let progressing = progressing(outcome);
-    let ready = ready(outcome, [&conflicted, &degraded, &progressing]);
+    let ready = ready(policy, outcome, [&conflicted, &degraded, &progressing]);
     GpuSharingPolicyStatus {
         observed_generation: policy.generation,
         conditions: vec![
@@ -74,7 +74,7 @@ pub fn compute(
 
 type Parts = (bool, &'static str, String);
 
-fn ready(outcome: &PolicyOutcome, others: [&Parts; 3]) -> Parts {
+fn ready(policy: &PolicyView, outcome: &PolicyOutcome, others: [&Parts; 3]) -> Parts {
     let [conflicted, degraded, progressing] = others;
     if outcome.selector_error.is_some() || degraded.0 {
         return (false, degraded.1, degraded.2.clone());
@@ -102,15 +102,29 @@ fn ready(outcome: &PolicyOutcome, others: [&Parts; 3]) -> Parts {
     if progressing.0 {
         return (false, progressing.1, progressing.2.clone());
     }
+    let every_node = if selects_every_node(policy) {
+        " (nodeSelector {} selects every GPU node of the cluster)"
+    } else {
+        ""
+    };
     (
         true,
         reasons::GOVERNING,
         format!(
-            "governs {} GPU(s) on {} node(s)",
+            "governs {} GPU(s) on {} node(s){every_node}",
             outcome.governed.len(),
             outcome.matched_nodes.len()
         ),
     )
+}
+
+/// Whether the policy's `nodeSelector` is empty (or, in a policy stored before the
+/// field was required, absent): it selects every node.
+fn selects_every_node(policy: &PolicyView) -> bool {
+    policy.spec.node_selector.as_ref().is_none_or(|s| {
+        s.match_labels.as_ref().is_none_or(|l| l.is_empty())
+            && s.match_expressions.as_ref().is_none_or(|e| e.is_empty())
+    })
 }
 
 fn conflicted(policy: &PolicyView, outcome: &PolicyOutcome) -> Parts {
@@ -172,7 +186,7 @@ fn degraded(policy: &PolicyView, outcome: &PolicyOutcome) -> Parts {
             ),
         );
     }
-    let limit = drain_timeout(&policy.spec);
+    let limit = progress_deadline(&policy.spec);
     let overdue: Vec<String> = outcome
         .waiting
         .iter()
@@ -182,9 +196,9 @@ fn degraded(policy: &PolicyView, outcome: &PolicyOutcome) -> Parts {
     if !overdue.is_empty() {
         return (
             true,
-            reasons::DRAIN_TIMEOUT,
+            reasons::PROGRESS_DEADLINE_EXCEEDED,
             format!(
-                "waited longer than repartition.drainTimeout ({}) for claims to end on {}; nothing is evicted: delete those pods, or raise the timeout",
+                "waited longer than repartition.progressDeadline ({}) for claims to end on {}; nothing is evicted and the GPUs still change once those claims end: delete those pods, or wait",
                 human(limit),
                 overdue.join(", ")
             ),
@@ -395,7 +409,7 @@ mod tests {
                 mps: None,
                 time_slicing: None,
                 adaptive: None,
-                repartition: None,
+                repartition: RepartitionPolicy::default(),
             },
         }
     }
@@ -430,6 +444,32 @@ mod tests {
             ("True", reasons::GOVERNING)
         );
         assert_eq!(get(&s, types::CONFLICTED).status, "False");
+        assert!(
+            ready.message.contains("selects every GPU node"),
+            "{}",
+            ready.message
+        );
+    }
+
+    #[test]
+    fn only_an_empty_node_selector_is_said_to_select_every_node() {
+        let outcome = PolicyOutcome {
+            matched_nodes: set(&["a"]),
+            governed: set(&["a/0"]),
+            ..PolicyOutcome::default()
+        };
+        let mut p = policy(0);
+        p.spec.node_selector = Some(Default::default());
+        let s = compute(&p, &outcome, &Usage::default(), None, Timestamp::now());
+        assert!(get(&s, types::READY).message.contains("nodeSelector {}"));
+        p.spec.node_selector = Some(
+            serde_json::from_value(serde_json::json!({"matchLabels": {"pool": "a"}})).unwrap(),
+        );
+        let s = compute(&p, &outcome, &Usage::default(), None, Timestamp::now());
+        assert_eq!(
+            get(&s, types::READY).message,
+            "governs 1 GPU(s) on 1 node(s)"
+        );
     }
 
     #[test]
@@ -460,12 +500,9 @@ mod tests {
     }
 
     #[test]
-    fn waiting_past_the_drain_timeout_is_degraded_naming_the_claims() {
+    fn waiting_past_the_progress_deadline_is_degraded_naming_the_claims() {
         let mut p = policy(0);
-        p.spec.repartition = Some(RepartitionPolicy {
-            allow_gpu_reset: false,
-            drain_timeout: Some("1m".into()),
-        });
+        p.spec.repartition.progress_deadline = "1m".into();
         let mut outcome = PolicyOutcome {
             matched_nodes: set(&["a"]),
             governed: set(&["a/0"]),
@@ -486,10 +523,36 @@ mod tests {
         let d = get(&s, types::DEGRADED);
         assert_eq!(
             (d.status.as_str(), d.reason.as_str()),
-            ("True", reasons::DRAIN_TIMEOUT)
+            ("True", reasons::PROGRESS_DEADLINE_EXCEEDED)
         );
         assert!(d.message.contains("a/0 (held by ns/c1)"), "{}", d.message);
         assert!(d.message.contains("(1m)"), "{}", d.message);
+    }
+
+    #[test]
+    fn the_deprecated_drain_timeout_still_sets_the_deadline() {
+        let mut p = policy(0);
+        p.spec.repartition.drain_timeout = Some("2m".into());
+        let outcome = PolicyOutcome {
+            matched_nodes: set(&["a"]),
+            governed: set(&["a/0"]),
+            waiting: BTreeMap::from([(
+                "a/0".to_string(),
+                (set(&["ns/c1"]), Duration::from_secs(90)),
+            )]),
+            ..PolicyOutcome::default()
+        };
+        let s = compute(&p, &outcome, &Usage::default(), None, Timestamp::now());
+        assert_eq!(get(&s, types::DEGRADED).status, "False", "90s < 2m");
+        let outcome = PolicyOutcome {
+            waiting: BTreeMap::from([(
+                "a/0".to_string(),
+                (set(&["ns/c1"]), Duration::from_secs(121)),
+            )]),
+            ..outcome
+        };
+        let s = compute(&p, &outcome, &Usage::default(), None, Timestamp::now());
+        assert!(get(&s, types::DEGRADED).message.contains("(2m)"));
     }
 
     #[test]

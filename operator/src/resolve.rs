@@ -13,7 +13,7 @@
 //!    a GPU without an entry, which runs its plugin's default, gets none while its claims
 //!    hold a strategy other than the policy's (as its plugin reports it). Until then
 //!    the policy is `Progressing` (waiting for the claims), and past
-//!    `repartition.drainTimeout` `Degraded`, naming the claims. Nothing is evicted.
+//!    `repartition.progressDeadline` `Degraded`, naming the claims. Nothing is evicted.
 //! 5. A configuration the GPU cannot take (MIG on a GPU without MIG, a static layout that
 //!    does not fit) leaves the GPU as it was and makes the policy `Degraded`.
 
@@ -135,8 +135,8 @@ pub struct Resolution {
     pub waiting: BTreeSet<(String, u32)>,
 }
 
-/// Default of `repartition.drainTimeout`.
-pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(600);
+/// Default of `repartition.progressDeadline`.
+pub const DEFAULT_PROGRESS_DEADLINE: Duration = tessera_api::defaults::PROGRESS_DEADLINE;
 
 /// Resolves every GPU of the snapshot.
 pub fn resolve(snapshot: &Snapshot) -> Resolution {
@@ -387,7 +387,7 @@ fn desired(
         mig: None,
         mps: None,
         time_slicing: None,
-        allow_gpu_reset: spec.repartition.as_ref().is_some_and(|r| r.allow_gpu_reset),
+        allow_gpu_reset: spec.repartition.allow_gpu_reset,
         alternatives: Vec::new(),
     };
     let shape = shape(policy, gpu, previous, strategy)?;
@@ -438,11 +438,7 @@ fn alternatives(policy: &PolicyView, gpu: &GpuState, current: SharingStrategy) -
     else {
         return Vec::new();
     };
-    let allow_reset = policy
-        .spec
-        .repartition
-        .as_ref()
-        .is_some_and(|r| r.allow_gpu_reset);
+    let allow_reset = policy.spec.repartition.allow_gpu_reset;
     adaptive
         .strategies
         .iter()
@@ -573,39 +569,13 @@ fn profile_names(layout: &tessera_gpu::MigLayout) -> String {
         .join(", ")
 }
 
-/// `repartition.drainTimeout` of a policy.
-pub fn drain_timeout(spec: &GpuSharingPolicySpec) -> Duration {
-    spec.repartition
-        .as_ref()
-        .and_then(|r| r.drain_timeout.as_deref())
-        .and_then(parse_duration)
-        .unwrap_or(DEFAULT_DRAIN_TIMEOUT)
+/// `repartition.progressDeadline` of a policy (its deprecated `drainTimeout` where set).
+pub fn progress_deadline(spec: &GpuSharingPolicySpec) -> Duration {
+    spec.repartition.progress_deadline_duration()
 }
 
 /// `500ms`, `90s`, `15m`, `1h30m` (the CRD's pattern refuses anything else).
-pub fn parse_duration(s: &str) -> Option<Duration> {
-    let mut total = Duration::ZERO;
-    let mut rest = s;
-    while !rest.is_empty() {
-        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
-        let n: u64 = rest[..digits].parse().ok()?;
-        rest = &rest[digits..];
-        let (unit, len) = if rest.starts_with("ms") {
-            (Duration::from_millis(1), 2)
-        } else if rest.starts_with('s') {
-            (Duration::from_secs(1), 1)
-        } else if rest.starts_with('m') {
-            (Duration::from_secs(60), 1)
-        } else if rest.starts_with('h') {
-            (Duration::from_secs(3600), 1)
-        } else {
-            return None;
-        };
-        total += unit * u32::try_from(n).ok()?;
-        rest = &rest[len..];
-    }
-    Some(total)
-}
+pub use tessera_api::duration::parse as parse_duration;
 
 #[cfg(test)]
 mod tests;

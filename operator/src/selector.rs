@@ -110,8 +110,23 @@ pub fn matches_gpu(selector: Option<&GpuSelector>, gpu: GpuIdentity<'_>) -> bool
     let Some(s) = selector else {
         return true;
     };
-    (s.product_names.is_empty() || s.product_names.iter().any(|p| p == gpu.product_name))
+    (s.product_names.is_empty()
+        || s.product_names
+            .iter()
+            .any(|p| names_product(p, gpu.product_name)))
         && (s.indices.is_empty() || s.indices.contains(&gpu.index))
+}
+
+/// Whether a `gpuSelector.productNames` entry names the product NVML calls
+/// `product_name`, in any of the three ways users write it: NVML's own string
+/// (`NVIDIA H100 80GB HBM3`), GPU feature discovery's `nvidia.com/gpu.product` label
+/// (spaces made dashes: `NVIDIA-H100-80GB-HBM3`), or Tessera's model id (`h100-80gb`,
+/// `kubectl tessera profiles`). Case does not matter.
+pub fn names_product(entry: &str, product_name: &str) -> bool {
+    let label = |s: &str| s.trim().replace(' ', "-").to_ascii_lowercase();
+    label(entry) == label(product_name)
+        || tessera_gpu::find_model(product_name)
+            .is_ok_and(|m| m.id.eq_ignore_ascii_case(entry.trim()))
 }
 
 #[cfg(test)]
@@ -222,5 +237,42 @@ mod tests {
             ..by_product
         };
         assert!(!matches_gpu(Some(&both), gpu), "the index does not match");
+    }
+
+    #[test]
+    fn product_names_are_matched_as_nvml_feature_discovery_or_tessera_write_them() {
+        let h100 = "NVIDIA H100 80GB HBM3";
+        for entry in [
+            "NVIDIA H100 80GB HBM3",
+            "NVIDIA-H100-80GB-HBM3",
+            "nvidia-h100-80gb-hbm3",
+            "h100-80gb",
+            "H100-80GB",
+        ] {
+            assert!(names_product(entry, h100), "{entry}");
+        }
+        for entry in [
+            "h200-141gb",
+            "NVIDIA-H100",
+            "NVIDIA H100",
+            "h100",
+            "NVIDIA-A100-SXM4-40GB",
+        ] {
+            assert!(!names_product(entry, h100), "{entry}");
+        }
+        assert!(names_product("a100-40gb", "NVIDIA A100-SXM4-40GB"));
+        assert!(names_product(
+            "NVIDIA-A100-SXM4-40GB",
+            "NVIDIA A100-SXM4-40GB"
+        ));
+        let gpu = GpuIdentity {
+            index: 0,
+            product_name: h100,
+        };
+        let by_id = GpuSelector {
+            product_names: vec!["l4".into(), "h100-80gb".into()],
+            indices: vec![],
+        };
+        assert!(matches_gpu(Some(&by_id), gpu));
     }
 }

@@ -5,7 +5,7 @@
 //! of bookkeeping never delays a prepare. (A kube client's connection tasks live on the
 //! runtime that made it, hence one client per runtime.)
 
-use std::{future::Future, net::SocketAddr, sync::Arc};
+use std::{collections::BTreeMap, future::Future, net::SocketAddr, sync::Arc};
 
 use futures::StreamExt;
 use k8s_openapi::api::{
@@ -22,7 +22,7 @@ use tessera_gpu::backend::{
     sim::SimBackend,
 };
 use tokio::sync::watch;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::{
     cdi::CdiWriter,
@@ -30,6 +30,7 @@ use crate::{
     config::{Args, BackendKind},
     driver::{ClaimError, Driver, DriverConfig, DriverHandle, KubeClaims, PendingDriver},
     driver_files::{self, DriverFiles},
+    fence::AppliedOffers,
     handover::{HandoverListener, NodeDir, NodeLock, Request},
     health_store::HealthStore,
     kubelet,
@@ -354,6 +355,7 @@ impl Owner<'_> {
         );
         let boot_id = checkpoint::read_boot_id(&args.boot_id_file);
         let store = CheckpointStore::new(&args.checkpoint_dir, boot_id.clone());
+        let offer_store = OfferStore::new(args.state_dir.join("offers.json"));
         // Only now: the instance that handed the node over no longer writes records.
         let moved = store.adopt(&args.state_dir).map_err(Error::Checkpoint)?;
         if moved > 0 {
@@ -364,6 +366,15 @@ impl Owner<'_> {
                 "moved the checkpoint records an earlier version kept in the state directory"
             );
         }
+        // A change under way before a restart is fenced again, and prepare checks
+        // allocations against the same offers (see `fence`).
+        let applied = AppliedOffers::new(offer_store.load(&gpus.gpus).unwrap_or_else(|e| {
+            warn!(
+                error = &e as &dyn std::error::Error,
+                "cannot read the offers recorded before a restart; a change under way applies at once"
+            );
+            BTreeMap::new()
+        }));
         let hook = args.state_dir.join("bin").join(driver_files::HOOK_NAME);
         let installed =
             driver_files::install_hook(&args.cdi_hook, &hook).map_err(|source| Error::Hook {
@@ -411,6 +422,7 @@ impl Owner<'_> {
             cdi: CdiWriter::new(&args.cdi_dir, &args.driver_name, files),
             mps_root: args.state_dir.join("mps"),
             caps_root: args.nvidia_caps_root.clone(),
+            applied: applied.clone(),
             metrics: self.metrics.clone(),
             background: self.background.handle.clone(),
             status_rate: RateLimiter::new(args.claim_status_qps, args.claim_status_burst),
@@ -431,7 +443,8 @@ impl Owner<'_> {
             claim_events: self.claim_events.clone(),
             nominated: self.nominated_cache.clone(),
             settle: std::time::Duration::from_millis(args.handover_settle_ms),
-            offer_store: OfferStore::new(args.state_dir.join("offers.json")),
+            offer_store,
+            applied,
             metrics: self.metrics.clone(),
             node_uid: self.node_uid.clone(),
             default_strategy: args.default_strategy,

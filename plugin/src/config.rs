@@ -16,12 +16,16 @@ pub enum BackendKind {
     Sim,
 }
 
-/// What a GPU offers before the operator has written a `GpuNode.spec` for it.
+/// What a GPU offers before the operator has written a `GpuNode.spec` for it (no policy
+/// selects it, or no operator runs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum DefaultStrategy {
-    /// Dynamic MIG with every profile on MIG-capable GPUs, whole GPUs elsewhere.
+    /// Dynamic MIG with every profile on MIG-capable GPUs, whole GPUs elsewhere: a claim
+    /// for a partition turns MIG mode on. Opt-in, as NVIDIA keeps its own dynamic MIG
+    /// behind a feature gate that is off.
     DynamicMig,
-    /// Whole GPUs only.
+    /// Whole GPUs only, as a device plugin gives them; nothing is partitioned until a
+    /// policy says so (the default).
     Exclusive,
 }
 
@@ -134,7 +138,7 @@ pub struct Args {
     pub sim_state: Option<PathBuf>,
 
     /// What GPUs offer until the operator writes this node's `GpuNode.spec`.
-    #[arg(long, env = "TESSERA_DEFAULT_STRATEGY", value_enum, default_value_t = DefaultStrategy::DynamicMig)]
+    #[arg(long, env = "TESSERA_DEFAULT_STRATEGY", value_enum, default_value_t = DefaultStrategy::Exclusive)]
     pub default_strategy: DefaultStrategy,
 
     /// Address of the metrics (`/metrics`) and health (`/healthz`, `/readyz`) endpoint.
@@ -213,7 +217,8 @@ mod tests {
             a.kubelet.plugins_dir,
             PathBuf::from("/var/lib/kubelet/plugins")
         );
-        assert_eq!(a.default_strategy, DefaultStrategy::DynamicMig);
+        // Without a policy a GPU is offered whole: no partition, no MIG mode change for it.
+        assert_eq!(a.default_strategy, DefaultStrategy::Exclusive);
         assert!(a.claim_status_qps > 0.0 && a.claim_status_burst > 0);
     }
 }

@@ -42,7 +42,7 @@ use crate::{
     checkpoint::Checkpoint,
     config::DefaultStrategy,
     driver::{self, Keeper},
-    fence::{Handover, Publish},
+    fence::{AppliedOffers, Handover, Publish},
     health_store::HealthStore,
     kubelet::{DeviceHealthEntry, DeviceHealthStatus, RegistrationState},
     latent,
@@ -138,6 +138,9 @@ pub struct NodeLoopConfig {
     pub settle: Duration,
     /// Where the offers applied outlive the process.
     pub offer_store: OfferStore,
+    /// The offers applied, shared with prepare: what the store held at start-up, so a
+    /// change under way before a restart is fenced again.
+    pub applied: AppliedOffers,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// The Node's UID (owner of the slices and the GpuNode).
@@ -164,6 +167,7 @@ impl NodeLoop {
             nominated,
             settle,
             offer_store,
+            applied,
             metrics,
             node_uid,
             default_strategy,
@@ -171,14 +175,6 @@ impl NodeLoop {
             health_tx,
             ready_tx,
         } = cfg;
-        // A change under way before a restart is fenced again (see `offer_store`).
-        let applied = offer_store.load(&state.gpus().gpus).unwrap_or_else(|e| {
-            warn!(
-                error = &e as &dyn std::error::Error,
-                "cannot read the offers recorded before a restart; a change under way applies at once"
-            );
-            BTreeMap::new()
-        });
         // Faults seen before a restart still hold (see `health_store`).
         let health = health_store.load(&state.gpus().gpus).unwrap_or_else(|e| {
             warn!(
@@ -244,10 +240,11 @@ impl NodeLoop {
             Some(&gpunode.spec),
             self.default_strategy,
         );
+        let users = self.users().await;
         let verdicts = self
-            .switch_for_latent(&hw.gpus, &hw.layouts, &gpunode.spec, &mut offers)
+            .switch_for_latent(&hw.gpus, &hw.layouts, &gpunode.spec, &mut offers, &users)
             .await;
-        let (offers, handover_notes) = self.hand_over(&hw.gpus, offers).await;
+        let (offers, handover_notes) = self.hand_over(&hw.gpus, offers, &users);
         let latent = slices::latent_offers(
             &hw.gpus,
             |g| hw.layouts.get(&g.index),
@@ -259,7 +256,12 @@ impl NodeLoop {
         // the instances this leaves.
         let mut holding = self
             .keeper
-            .hold(&driver::wants(hw, &offers, Some(&gpunode.spec)))
+            .hold(&driver::wants(
+                hw,
+                &offers,
+                Some(&gpunode.spec),
+                &users.allocated,
+            ))
             .await;
         for (gpu, note) in handover_notes {
             holding.incomplete.entry(gpu).or_insert(note);
@@ -445,6 +447,7 @@ impl NodeLoop {
         layouts: &BTreeMap<u32, tessera_gpu::catalog::MigLayout>,
         spec: &tessera_api::GpuNodeSpec,
         offers: &mut [slices::GpuOffer],
+        users: &GpuUsers,
     ) -> Vec<(latent::LatentClaim, Verdict)> {
         let all = latent::latent_claims(
             self.claims.state().iter().map(AsRef::as_ref),
@@ -457,7 +460,7 @@ impl NodeLoop {
         if all.is_empty() {
             return Vec::new();
         }
-        let (mut allocated, mut prepared) = self.users_apart().await;
+        let (mut allocated, mut prepared) = (users.allocated.clone(), users.prepared.clone());
         let candidates = slices::latent_offers(
             gpus,
             |g| layouts.get(&g.index),
@@ -579,13 +582,16 @@ impl NodeLoop {
 
     /// Steps each GPU's offer through the hand-over (see [`crate::fence`]): the offers to
     /// publish, and per GPU what holds its change back.
-    async fn hand_over(
+    fn hand_over(
         &mut self,
         gpus: &[tessera_gpu::backend::GpuInfo],
         desired: Vec<slices::GpuOffer>,
+        users: &GpuUsers,
     ) -> (Vec<slices::GpuOffer>, BTreeMap<u32, String>) {
-        let mut users = self.users().await;
-        let binding = self.binding();
+        let binding = crate::fence::being_bound(
+            self.nominated.state().iter().map(AsRef::as_ref),
+            self.state.node(),
+        );
         let now = std::time::Instant::now();
         self.fenced.clear();
         self.recheck = None;
@@ -593,13 +599,9 @@ impl NodeLoop {
         let mut notes = BTreeMap::new();
         let mut offers = Vec::with_capacity(desired.len());
         for (gpu, want) in gpus.iter().zip(desired) {
-            let step = self.handover.step(
-                gpu.index,
-                &want,
-                users.remove(&gpu.index).unwrap_or_default(),
-                &binding,
-                now,
-            );
+            let step = self
+                .handover
+                .step(gpu.index, &want, users.of(gpu.index), &binding, now);
             if let Some(r) = step.recheck_in {
                 self.recheck = Some(self.recheck.map_or(r, |x| x.min(r)));
             }
@@ -614,13 +616,24 @@ impl NodeLoop {
                     ),
                 );
             }
-            if !step.binding.is_empty() {
-                // Their allocations or bindings end with an event of the claim or pod
-                // caches: wake on those.
+            if !step.binding.is_empty() || step.users_unknown {
+                // Their allocations or bindings, and the caches' first list, end with an
+                // event of the claim or pod caches: wake on those.
                 self.held_back = true;
             }
             offers.push(match step.publish {
                 Publish::Offer(o) => o,
+                Publish::Fenced(o) if step.users_unknown => {
+                    notes.insert(
+                        gpu.index,
+                        format!(
+                            "GPU {}: changing shape; its devices stay fenced ({RECONFIGURING_TAINT}, NoSchedule) until the plugin has read the cluster's claims and the pods being bound, to know whether one holds the GPU",
+                            gpu.index
+                        ),
+                    );
+                    self.fenced.insert(gpu.index);
+                    o
+                }
                 Publish::Fenced(o) if !step.binding.is_empty() => {
                     notes.insert(
                         gpu.index,
@@ -656,61 +669,30 @@ impl NodeLoop {
         (offers, notes)
     }
 
-    /// The pods nominated to this node, not yet bound, that ask for claims: the scheduler
-    /// marks a pod so before it writes the pod's allocations, `namespace/name`.
-    fn binding(&self) -> Vec<String> {
-        let mut pods: Vec<String> = self
-            .nominated
-            .state()
-            .iter()
-            .filter(|p| {
-                let spec = p.spec.as_ref();
-                p.status
-                    .as_ref()
-                    .and_then(|s| s.nominated_node_name.as_deref())
-                    == Some(self.state.node())
-                    && spec.is_some_and(|s| s.node_name.is_none())
-                    && spec
-                        .and_then(|s| s.resource_claims.as_ref())
-                        .is_some_and(|c| !c.is_empty())
-                    && p.metadata.deletion_timestamp.is_none()
-            })
-            .map(|p| {
-                format!(
-                    "{}/{}",
-                    p.metadata.namespace.as_deref().unwrap_or_default(),
-                    p.metadata.name.as_deref().unwrap_or_default()
-                )
-            })
-            .collect();
-        pods.sort();
-        pods
-    }
-
-    /// The claims allocated on (from the watch cache) or prepared for (the checkpoint)
-    /// each GPU of this node, as `namespace/name`.
-    async fn users(&self) -> BTreeMap<u32, Vec<String>> {
-        let (allocated, prepared) = self.users_apart().await;
-        let mut users: BTreeMap<u32, BTreeSet<String>> = BTreeMap::new();
-        for (gpu, claims) in allocated.into_iter().chain(prepared) {
-            users.entry(gpu).or_default().extend(claims);
-        }
-        users
-            .into_iter()
-            .map(|(g, s)| (g, s.into_iter().collect()))
-            .collect()
-    }
-
-    /// [`Self::users`] apart: the claims allocated on each GPU, and those prepared for it.
-    async fn users_apart(&self) -> (BTreeMap<u32, Vec<String>>, BTreeMap<u32, Vec<String>>) {
-        let mut users: BTreeMap<u32, BTreeSet<String>> = BTreeMap::new();
+    /// The claims allocated on (from the watch cache) and prepared for (the checkpoint)
+    /// each GPU of this node. Unknown until the claim and pod caches have finished their
+    /// first list: after a restart they start empty, and an empty cache would read as a
+    /// GPU nobody holds.
+    async fn users(&self) -> GpuUsers {
+        use futures::FutureExt;
+        let loaded = self
+            .claims
+            .wait_until_ready()
+            .now_or_never()
+            .is_some_and(|r| r.is_ok())
+            && self
+                .nominated
+                .wait_until_ready()
+                .now_or_never()
+                .is_some_and(|r| r.is_ok());
+        let mut allocated: BTreeMap<u32, BTreeSet<String>> = BTreeMap::new();
         for c in self.claims.state() {
             for r in tessera_api::claims::allocated_devices(&c) {
                 if r.driver != self.state.driver_name() || r.pool != self.state.node() {
                     continue;
                 }
                 if let Ok(name) = tessera_gpu::naming::parse_device_name(&r.device) {
-                    users.entry(name.gpu()).or_default().insert(format!(
+                    allocated.entry(name.gpu()).or_default().insert(format!(
                         "{}/{}",
                         c.metadata.namespace.as_deref().unwrap_or_default(),
                         c.metadata.name.as_deref().unwrap_or_default()
@@ -732,7 +714,11 @@ impl NodeLoop {
                 .map(|(g, s)| (g, s.into_iter().collect()))
                 .collect()
         };
-        (list(users), list(prepared))
+        GpuUsers {
+            loaded,
+            allocated: list(allocated),
+            prepared: list(prepared),
+        }
     }
 
     fn publish_health(&self, pool: &DesiredPool) {
@@ -1022,6 +1008,37 @@ impl NodeLoop {
                 false
             }
         }
+    }
+}
+
+/// Who holds each GPU of the node, as one pass reads it.
+#[derive(Clone, Debug, Default)]
+struct GpuUsers {
+    /// Whether the claim and pod caches have finished their first list.
+    loaded: bool,
+    /// The claims allocated on each GPU (the claim cache), `namespace/name`.
+    allocated: BTreeMap<u32, Vec<String>>,
+    /// The claims prepared for each GPU (the checkpoint), `namespace/name`.
+    prepared: BTreeMap<u32, Vec<String>>,
+}
+
+impl GpuUsers {
+    /// The claims allocated on or prepared for `gpu`, for the hand-over.
+    fn of(&self, gpu: u32) -> crate::fence::Users {
+        if !self.loaded {
+            return crate::fence::Users::Unknown;
+        }
+        let mut users: Vec<String> = self
+            .allocated
+            .get(&gpu)
+            .into_iter()
+            .chain(self.prepared.get(&gpu))
+            .flatten()
+            .cloned()
+            .collect();
+        users.sort();
+        users.dedup();
+        crate::fence::Users::Known(users)
     }
 }
 

@@ -91,6 +91,10 @@ pub fn compute(input: &StatusInput<'_>, previous: &[Condition]) -> GpuNodeStatus
         }
     }
     let mig_total: usize = gpus.iter().map(|g| g.instances.len()).sum();
+    let unhealthy = gpus
+        .iter()
+        .filter(|g| g.health != GpuHealth::Healthy)
+        .count();
     let condition = |(kind, status, reason, message): (&str, bool, &str, String)| {
         condition(
             kind,
@@ -116,6 +120,7 @@ pub fn compute(input: &StatusInput<'_>, previous: &[Condition]) -> GpuNodeStatus
                 .join(","),
         ),
         mig_instances: u32::try_from(mig_total).unwrap_or(u32::MAX),
+        unhealthy_gpus: u32::try_from(unhealthy).unwrap_or(u32::MAX),
     }
 }
 

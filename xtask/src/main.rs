@@ -6,6 +6,8 @@
 //! - `cargo xtask crds [--check]`: (re)generate `crds/` from the Rust types (and the
 //!   chart's copies of them).
 //! - `cargo xtask chart [--check]`: the chart's and kustomize base's copies of `config/`.
+//! - `cargo xtask docs [--check]`: the generated reference pages, and the check that docs
+//!   and code name the same flags, values, metrics, reasons and permissions.
 //! - `cargo xtask chaos [--seed N] [--steps N]`: the fault campaign and its report.
 //! - `cargo xtask image`: lint and build the Dockerfile with buildah, run the binaries in it.
 //! - `cargo xtask node-images`: the images the test bed's containerd nodes import (pause,
@@ -18,6 +20,7 @@ mod chart;
 mod controlplane;
 mod crds;
 mod demo;
+mod docs;
 mod image;
 mod node_images;
 mod steps;
@@ -27,7 +30,7 @@ use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "Tessera's task runner")]
-struct Cli {
+pub struct Cli {
     #[command(subcommand)]
     command: Command,
 }
@@ -43,14 +46,18 @@ enum Command {
     /// Write the chart's and the kustomize base's copies of crds/ and config/ (or, with
     /// --check, fail if they are stale).
     Chart(chart::Args),
+    /// Write the reference pages generated from the code (flags, CLI help, API, alerts)
+    /// and check that the docs name what the code has: flags, chart values, metrics,
+    /// condition and event reasons, RBAC, links (or, with --check, only check).
+    Docs(docs::Args),
     /// Measure the plugin's own overhead (prepare/unprepare latency over the real socket,
     /// slice publishing) and print the figures.
     Bench(bench::Args),
     /// Run the fault campaign: a workload under injected faults, invariants checked after
     /// each, and a report with recovery times.
     Chaos(chaos::Args),
-    /// Lint the Dockerfile, build the image with buildah (base made locally) and run each
-    /// binary's --version inside it.
+    /// Lint the Dockerfile, build the image with buildah (base made locally; another
+    /// architecture's binaries cross-compiled) and run each binary's --version inside it.
     Image(image::Args),
     /// Build the images the test bed's containerd nodes run (pause, the CUDA probe and
     /// Tessera's image) and save them as OCI archives for the tests.
@@ -68,6 +75,7 @@ fn main() -> anyhow::Result<()> {
         Command::Demo(args) => runtime.block_on(demo::run(args)),
         Command::Crds(args) => crds::run(&args),
         Command::Chart(args) => chart::run(&args),
+        Command::Docs(args) => docs::run(&args),
         Command::Bench(args) => bench::run(args, &runtime),
         Command::Chaos(args) => runtime.block_on(chaos::run(args)),
         Command::Image(args) => image::run(args),

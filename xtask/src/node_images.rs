@@ -64,6 +64,7 @@ pub fn build(timings: &mut Vec<(String, Duration)>) -> anyhow::Result<NodeImages
     let tessera = image::build(
         image::Args {
             tag: Some(tag.clone()),
+            arch: None,
             from_source: false,
         },
         timings,

@@ -78,6 +78,10 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         "chart and kustomize copies (cargo xtask chart --check)",
         &mut || crate::chart::check(&crate::steps::repo_root()?),
     )?;
+    step(
+        "docs against the code (cargo xtask docs --check)",
+        &mut || crate::docs::check(&crate::steps::repo_root()?),
+    )?;
     let mut bins = None;
     step("control plane binaries", &mut || {
         bins = Some(controlplane::build(args.version)?);

@@ -8,7 +8,8 @@ use super::{ClusterView, GpuView, MigView, MpsView};
 const BAR: usize = 20;
 
 /// Prints every node and GPU of `view`.
-pub fn table(out: &mut dyn Write, view: &ClusterView) -> std::io::Result<()> {
+/// `wide` adds each GPU's UUID.
+pub fn table(out: &mut dyn Write, view: &ClusterView, wide: bool) -> std::io::Result<()> {
     if view.nodes.is_empty() {
         writeln!(
             out,
@@ -21,17 +22,22 @@ pub fn table(out: &mut dyn Write, view: &ClusterView) -> std::io::Result<()> {
             writeln!(out, "  {c}")?;
         }
         for gpu in &node.gpus {
-            write_gpu(out, gpu)?;
+            write_gpu(out, gpu, wide)?;
         }
         writeln!(out)?;
     }
     Ok(())
 }
 
-fn write_gpu(out: &mut dyn Write, gpu: &GpuView) -> std::io::Result<()> {
+fn write_gpu(out: &mut dyn Write, gpu: &GpuView, wide: bool) -> std::io::Result<()> {
+    let uuid = if wide {
+        format!("  {}", gpu.uuid)
+    } else {
+        String::new()
+    };
     writeln!(
         out,
-        "  GPU {}  {}  {}  {}  {}",
+        "  GPU {}  {}{uuid}  {}  {}  {}",
         gpu.index,
         gpu.product,
         gpu.strategy.as_deref().unwrap_or("(no strategy yet)"),

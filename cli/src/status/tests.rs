@@ -113,7 +113,7 @@ fn an_mps_share_shows_its_limits_and_pod_and_a_fault_its_reason() {
 #[test]
 fn the_table_draws_the_slice_map_the_bars_and_the_conditions_that_fail() {
     let mut out = Vec::new();
-    render::table(&mut out, &sample()).unwrap();
+    render::table(&mut out, &sample(), false).unwrap();
     let text = String::from_utf8(out).unwrap();
     for line in [
         "NODE node-a",
@@ -131,6 +131,6 @@ fn the_table_draws_the_slice_map_the_bars_and_the_conditions_that_fail() {
 #[test]
 fn an_empty_cluster_says_why_there_is_nothing_to_show() {
     let mut out = Vec::new();
-    render::table(&mut out, &view(&[], &[], &[])).unwrap();
+    render::table(&mut out, &view(&[], &[], &[]), false).unwrap();
     assert!(String::from_utf8(out).unwrap().contains("no GpuNode"));
 }

@@ -4,8 +4,8 @@ use std::io::Write;
 
 use super::Why;
 
-/// Prints `why` for a person.
-pub fn text(out: &mut dyn Write, why: &Why) -> std::io::Result<()> {
+/// Prints `why` for a person; `wide` adds the device counts behind each verdict.
+pub fn text(out: &mut dyn Write, why: &Why, wide: bool) -> std::io::Result<()> {
     writeln!(out, "pod {} is {}", why.pod, why.phase)?;
     if let Some(s) = &why.scheduler {
         writeln!(out, "  scheduler: {s}")?;
@@ -35,6 +35,13 @@ pub fn text(out: &mut dyn Write, why: &Why) -> std::io::Result<()> {
             };
             writeln!(out, "  request {}: {}{count}", s.request, s.shape)?;
             writeln!(out, "    {}", s.verdict)?;
+            if wide {
+                writeln!(
+                    out,
+                    "    devices: {} published, {} free, {} held, {} on used hardware, {} full, {} tainted",
+                    s.published, s.free, s.held, s.counters_used_up, s.capacity_used_up, s.tainted
+                )?;
+            }
             for r in &s.remedies {
                 writeln!(out, "    - {r}")?;
             }

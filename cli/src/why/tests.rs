@@ -107,7 +107,7 @@ fn the_text_names_the_claim_the_shape_the_verdict_and_the_remedies() {
         ..Cluster::default()
     });
     let mut out = Vec::new();
-    render::text(&mut out, &why).unwrap();
+    render::text(&mut out, &why, false).unwrap();
     let text = String::from_utf8(out).unwrap();
     for line in [
         "pod ml/next is Pending",
@@ -185,7 +185,7 @@ fn a_free_device_on_a_node_the_pod_cannot_run_on_is_told_apart() {
         ]
     );
     let mut out = Vec::new();
-    render::text(&mut out, &why).unwrap();
+    render::text(&mut out, &why, false).unwrap();
     let text = String::from_utf8(out).unwrap();
     assert!(
         text.contains("GPU nodes it could run on, devices aside: node-b\n  node-a: 2000m CPU asked, 1000m left"),

@@ -97,6 +97,28 @@ pub enum Violation {
         /// Device.
         device: String,
     },
+    /// A GPU serves two shapes at once (a whole GPU beside anything, a MIG partition
+    /// beside a shape of the whole GPU, MPS beside time-slicing), in its claims' records or
+    /// on its hardware (an MPS daemon on a GPU with MIG mode on or instances, a
+    /// time-slice set under an MPS daemon).
+    TwoShapes {
+        /// Node.
+        node: String,
+        /// GPU index.
+        gpu: u32,
+        /// What was found.
+        detail: String,
+    },
+    /// A running pod's claim uses a GPU as a whole (whole, MPS or time-sliced) while the
+    /// GPU's MIG mode is on: CUDA sees only MIG devices there, so the pod finds no GPU.
+    NonMigOnMigGpu {
+        /// Node.
+        node: String,
+        /// GPU index.
+        gpu: u32,
+        /// Claim `ns/name`.
+        claim: String,
+    },
     /// A pod neither runs nor waits visibly for capacity (once quiet).
     PodStuck {
         /// Pod `ns/name`.
@@ -168,12 +190,89 @@ pub fn always(s: &Snapshot) -> Vec<Violation> {
             }
         }
     }
+    for n in &s.nodes {
+        out.extend(two_shapes(n));
+        out.extend(non_mig_on_mig_gpus(n, &running));
+    }
     for (uid, nodes) in seen {
         if nodes.len() > 1 {
             out.push(Violation::PreparedTwice {
                 uid: uid.to_string(),
                 nodes,
             });
+        }
+    }
+    out
+}
+
+/// The shapes each GPU of a node serves, from its prepared claims and its hardware.
+fn two_shapes(n: &NodeView) -> Vec<Violation> {
+    let mut shapes: BTreeMap<u32, BTreeSet<&'static str>> = BTreeMap::new();
+    for r in n.claims.values() {
+        for d in &r.devices {
+            let shape = match d.kind {
+                DeviceKind::Gpu { .. } => "whole",
+                DeviceKind::Mig { .. } => "MIG",
+                DeviceKind::Mps { .. } => "MPS",
+                DeviceKind::TimeSlice { .. } => "time-sliced",
+            };
+            shapes.entry(d.gpu).or_default().insert(shape);
+        }
+    }
+    let mut out = Vec::new();
+    for (gpu, found) in &shapes {
+        if found.len() > 1 {
+            out.push(Violation::TwoShapes {
+                node: n.name.clone(),
+                gpu: *gpu,
+                detail: format!(
+                    "claims of {} shapes prepared on it",
+                    found.iter().copied().collect::<Vec<_>>().join(" and ")
+                ),
+            });
+        }
+    }
+    if let Some(h) = &n.hardware {
+        for g in &h.gpus {
+            let detail = if g.mps.is_some() && (g.mig_enabled || !g.instances.is_empty()) {
+                Some("an MPS daemon runs while MIG mode is on")
+            } else if g.mps.is_some() && g.time_slice != tessera_gpu::backend::TimeSlice::Default {
+                Some("an MPS daemon runs on a time-sliced GPU")
+            } else {
+                None
+            };
+            if let Some(detail) = detail {
+                out.push(Violation::TwoShapes {
+                    node: n.name.clone(),
+                    gpu: g.index,
+                    detail: detail.into(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Running pods' claims that use a whole GPU whose MIG mode is on.
+fn non_mig_on_mig_gpus(n: &NodeView, running: &BTreeSet<&str>) -> Vec<Violation> {
+    let Some(h) = &n.hardware else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for r in n.claims.values() {
+        if r.phase != ClaimPhase::PrepareCompleted || !running.contains(r.uid.as_str()) {
+            continue;
+        }
+        for d in &r.devices {
+            let whole = !matches!(d.kind, DeviceKind::Mig { .. });
+            let mig_on = h.gpus.get(d.gpu as usize).is_some_and(|g| g.mig_enabled);
+            if whole && mig_on {
+                out.push(Violation::NonMigOnMigGpu {
+                    node: n.name.clone(),
+                    gpu: d.gpu,
+                    claim: format!("{}/{}", r.namespace, r.name),
+                });
+            }
         }
     }
     out
@@ -558,5 +657,87 @@ mod tests {
         }))
         .unwrap();
         assert!(stuck(&creating).is_some());
+    }
+    fn shared(uid: &str, kind: DeviceKind) -> ClaimRecord {
+        ClaimRecord {
+            devices: vec![DeviceRecord {
+                device: "gpu-0".into(),
+                kind,
+                share_id: Some(format!("s-{uid}")),
+                ..record(uid, 0, "").devices[0].clone()
+            }],
+            ..record(uid, 0, "")
+        }
+    }
+
+    fn mps(uid: &str) -> ClaimRecord {
+        shared(
+            uid,
+            DeviceKind::Mps {
+                uuid: "GPU-0".into(),
+                active_thread_percentage: 25,
+                pinned_memory_limit_mib: 1024,
+            },
+        )
+    }
+
+    #[test]
+    fn a_gpu_serving_two_shapes_is_a_violation_in_records_or_hardware() {
+        let mut h = hardware(vec![gi(1, 0, "MIG-a")]);
+        let s = Snapshot {
+            nodes: vec![node(h.clone(), vec![record("c1", 0, "MIG-a"), mps("c2")])],
+            ..Snapshot::default()
+        };
+        assert!(
+            always(&s).iter().any(|v| matches!(v, Violation::TwoShapes { detail, .. } if detail.contains("MIG and MPS"))),
+            "{:?}",
+            always(&s)
+        );
+        // An MPS daemon on a GPU in MIG mode, whatever the records say.
+        h.gpus[0].instances.clear();
+        h.gpus[0].mps = Some(tessera_gpu::backend::sim::SimMps {
+            pid: 7,
+            config: Default::default(),
+        });
+        let s = Snapshot {
+            nodes: vec![node(h.clone(), vec![])],
+            ..Snapshot::default()
+        };
+        assert!(matches!(
+            always(&s).as_slice(),
+            [Violation::TwoShapes { detail, .. }] if detail.contains("MIG mode is on")
+        ));
+        h.gpus[0].mig_enabled = false;
+        let s = Snapshot {
+            nodes: vec![node(h, vec![mps("c2"), mps("c3")])],
+            ..Snapshot::default()
+        };
+        assert_eq!(always(&s), vec![], "shares of one shape");
+    }
+
+    #[test]
+    fn a_running_pod_on_a_whole_gpu_in_mig_mode_is_a_violation() {
+        let (pod, claim) = running_pod_with_claim("c2");
+        let s = Snapshot {
+            nodes: vec![node(
+                hardware(vec![]),
+                vec![shared(
+                    "c2",
+                    DeviceKind::TimeSlice {
+                        uuid: "GPU-0".into(),
+                    },
+                )],
+            )],
+            claims: vec![claim],
+            pods: vec![pod],
+            slices: vec![],
+        };
+        assert!(matches!(
+            always(&s).as_slice(),
+            [Violation::NonMigOnMigGpu { claim, .. }] if claim == "ns/c2"
+        ));
+        let mut off = s.clone();
+        off.nodes[0].hardware.as_mut().unwrap().gpus[0].mig_enabled = false;
+        assert_eq!(always(&off), vec![]);
     }
 }

@@ -17,6 +17,7 @@
 //! Everything random comes from the seed, so a run replays.
 
 pub mod invariants;
+mod races;
 pub mod report;
 
 use std::{
@@ -93,6 +94,14 @@ pub enum Fault {
     /// The plugin's checkpoint directory turns read-only or fills up while a pod for the node
     /// arrives, and recovers.
     CheckpointDir,
+    /// A policy edit lands while a claim of the old shape is being allocated.
+    PolicyEdit,
+    /// The plugin restarts while a policy edit's change is pending.
+    PluginRestartMidChange,
+    /// An Adaptive move races a pod of the shape the GPU leaves.
+    AdaptiveMove,
+    /// The driver refuses to destroy an instance the plugin's start-up recovery rolls back.
+    DestroyRefused,
 }
 
 impl Fault {
@@ -110,30 +119,38 @@ impl Fault {
             Fault::TornCheckpoint => "torn-checkpoint",
             Fault::PluginUpgrade => "plugin-upgrade",
             Fault::CheckpointDir => "checkpoint-dir",
+            Fault::PolicyEdit => "policy-edit",
+            Fault::PluginRestartMidChange => "plugin-restart-mid-change",
+            Fault::AdaptiveMove => "adaptive-move",
+            Fault::DestroyRefused => "destroy-refused",
         }
     }
 }
 
-/// The order faults come in: plugin crashes (kills and aborts) in ten of every nineteen
-/// steps, every other kind once in each nineteen, so a run of 1,900 steps makes the
-/// issue's thousand plugin crashes and a hundred of every other kind, and even a short
-/// run covers all.
-pub const SCHEDULE: [Fault; 19] = [
+/// The order faults come in: plugin crashes (kills and aborts) in ten of every
+/// twenty-three steps, every other kind once in each twenty-three, so a run of 2,300 steps
+/// makes a thousand plugin crashes and a hundred of every other kind, and even a short run
+/// covers all.
+pub const SCHEDULE: [Fault; 23] = [
     Fault::PluginKill,
     Fault::PluginAbort,
+    Fault::PolicyEdit,
     Fault::PluginKill,
     Fault::KubeletRestart,
     Fault::PluginKill,
+    Fault::AdaptiveMove,
     Fault::PluginAbort,
     Fault::NodeReboot,
     Fault::PluginKill,
     Fault::OperatorLeaderKill,
     Fault::PluginAbort,
     Fault::GpuXid,
+    Fault::DestroyRefused,
     Fault::PluginKill,
     Fault::ApiServerRestart,
     Fault::EtcdOutage,
     Fault::PluginAbort,
+    Fault::PluginRestartMidChange,
     Fault::TornCheckpoint,
     Fault::PluginKill,
     Fault::PluginUpgrade,
@@ -282,7 +299,7 @@ fn shapes() -> Vec<Shape> {
 }
 
 /// The nodes: (name, `tessera.dev/pool`, inventory). Each pool has a sample policy.
-const NODES: [(&str, &str, &str); 4] = [
+const NODES: [(&str, &str, &str); 5] = [
     (
         "chaos-h100",
         "inference",
@@ -301,6 +318,11 @@ const NODES: [(&str, &str, &str); 4] = [
     (
         "chaos-dev",
         "dev",
+        "gpus: [{model: h100-80gb}]\nlatencies: zero\n",
+    ),
+    (
+        races::ADAPTIVE_NODE,
+        "research",
         "gpus: [{model: h100-80gb}]\nlatencies: zero\n",
     ),
 ];
@@ -347,6 +369,16 @@ pub async fn run(
         OperatorProcess::start(&*cp, "chaos-operator-1", true).await?,
     ];
     cluster::apply_dir(&client, &repo_root().join("config/samples"), false).await?;
+    // The sample keeps a GPU in a shape for ten minutes; the campaign's moves race
+    // allocations many times a minute.
+    Api::<tessera_api::GpuSharingPolicy>::all(client.clone())
+        .patch(
+            races::ADAPTIVE_POLICY,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"adaptive": {"cooldown": "1s"}}})),
+        )
+        .await
+        .context("shortening the Adaptive policy's cooldown")?;
     let mut c = Campaign {
         cp,
         client,
@@ -424,7 +456,10 @@ impl Campaign<'_> {
     async fn create_pod(&mut self, shape: &Shape) -> anyhow::Result<String> {
         self.next_pod += 1;
         let name = format!("{}-{}", shape.name, self.next_pod);
-        cluster::create_claim_pod(
+        // Held to its node: the nodes whose shape the races change (the dev node's policy,
+        // the Adaptive node) may offer it too, and the faults aimed at a shape's node must
+        // meet its pods there.
+        cluster::create_claim_pod_on(
             &self.client,
             NAMESPACE,
             &name,
@@ -433,6 +468,7 @@ impl Campaign<'_> {
                 selector: shape.selector,
                 capacity: shape.capacity.clone(),
             },
+            Some(shape.node),
         )
         .await?;
         self.live.push(name.clone());
@@ -610,6 +646,10 @@ impl Campaign<'_> {
                 self.report.recovered(name, took);
             }
             Fault::CheckpointDir => self.break_checkpoint_dir().await?,
+            Fault::PolicyEdit => self.edit_policy(false).await?,
+            Fault::PluginRestartMidChange => self.edit_policy(true).await?,
+            Fault::AdaptiveMove => self.race_adaptive_move().await?,
+            Fault::DestroyRefused => self.refuse_destroy_at_start_up().await?,
         }
         Ok(())
     }

@@ -42,6 +42,12 @@ pub struct Report {
     /// Checkpoint-directory faults whose pod ran without any prepare on that node being
     /// refused: how the directory was broken, and where the pod ran on what device.
     pub checkpoint_dir_misses: Vec<String>,
+    /// Pods of the Adaptive races that asked through an extended resource (no claim until
+    /// the scheduler binds them).
+    pub extended_resource_pods: u64,
+    /// Refused-destroy faults whose pod found no room on its node, so nothing was made to
+    /// refuse (the armed faults were cleared).
+    pub destroy_refusals_not_reached: u64,
     /// Invariant checks run.
     pub checks: u64,
     /// Pods created and deleted by the workload.
@@ -97,7 +103,7 @@ impl fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "{:<20} {:>7} {:>12} {:>12}",
+            "{:<26} {:>7} {:>12} {:>12}",
             "fault", "count", "recovery p50", "p99"
         )?;
         for (kind, n) in &self.faults {
@@ -107,7 +113,7 @@ impl fmt::Display for Report {
                 .map(Vec::as_slice)
                 .unwrap_or(&[]);
             let show = |p| percentile(r, p).map_or("-".to_string(), |v| format!("{v:.2} s"));
-            writeln!(f, "{kind:<20} {n:>7} {:>12} {:>12}", show(50.0), show(99.0))?;
+            writeln!(f, "{kind:<26} {n:>7} {:>12} {:>12}", show(50.0), show(99.0))?;
         }
         if !self.abort_points.is_empty() {
             let points: Vec<String> = self
@@ -134,6 +140,20 @@ impl fmt::Display for Report {
                 f,
                 "prepares refused by a broken checkpoint directory, then run once repaired: {}",
                 how.join(", ")
+            )?;
+        }
+        if self.extended_resource_pods > 0 {
+            writeln!(
+                f,
+                "pods asking through an extended resource in the Adaptive races: {}",
+                self.extended_resource_pods
+            )?;
+        }
+        if self.destroy_refusals_not_reached > 0 {
+            writeln!(
+                f,
+                "({} refused destroys found no instance made: their pod waited for room)",
+                self.destroy_refusals_not_reached
             )?;
         }
         for miss in &self.checkpoint_dir_misses {

@@ -630,7 +630,7 @@ async fn apply_adaptive(client: &kube::Client) {
     use kube::api::{Api, Patch, PatchParams};
     use tessera_api::GpuSharingPolicy;
     let p: GpuSharingPolicy = serde_yaml::from_str(
-        "apiVersion: tessera.dev/v1alpha1\nkind: GpuSharingPolicy\nmetadata: {name: adaptive}\nspec:\n  strategy: Adaptive\n  mig: {mode: Dynamic}\n  adaptive: {strategies: [MIG, MPS]}\n  mps: {maxClients: 4}\n",
+        "apiVersion: tessera.dev/v1alpha1\nkind: GpuSharingPolicy\nmetadata: {name: adaptive}\nspec:\n  nodeSelector: {}\n  strategy: Adaptive\n  mig: {mode: Dynamic}\n  adaptive: {strategies: [MIG, MPS]}\n  mps: {maxClients: 4}\n",
     )
     .unwrap();
     Api::<GpuSharingPolicy>::all(client.clone())

@@ -218,9 +218,9 @@ async fn mig_mps_and_whole_gpu_pods_run_and_deleting_them_destroys_what_was_made
         0,
         "CDI specs removed"
     );
-    // The prepares switched GPU 0 (MIG off at start) into MIG mode, and the mode stays
-    // after its instances are gone: the status follows the hardware, not the start-up.
-    assert!(state.gpus[0].mig_enabled);
+    // The prepares switched GPU 0 (MIG off at start) into MIG mode; once nothing uses it,
+    // it goes back to MIG off, the mode every shape but a partition needs (a MIG mode left
+    // on made the MPS pods of the demo find no CUDA device).
     cluster::wait_for(
         &gpunodes,
         "h100-node",
@@ -228,14 +228,15 @@ async fn mig_mps_and_whole_gpu_pods_run_and_deleting_them_destroys_what_was_made
             g.and_then(|g| g.status.as_ref()).is_some_and(|s| {
                 s.gpus
                     .first()
-                    .is_some_and(|g| g.mig_enabled && g.instances.is_empty())
+                    .is_some_and(|g| !g.mig_enabled && g.instances.is_empty())
             })
         },
-        "GpuNode status to show GPU 0 in MIG mode with no instances",
+        "GpuNode status to show GPU 0 back in MIG mode off with no instances",
         WAIT,
     )
     .await
     .unwrap();
+    assert!(!sim(&h100).gpus[0].mig_enabled);
     // Republished to match the freed hardware: GPU 0 is offered first again, with its
     // placements in the order of an empty GPU (the order follows occupancy).
     let layout = tessera_gpu::find_model("h100-80gb")
@@ -267,6 +268,75 @@ async fn mig_mps_and_whole_gpu_pods_run_and_deleting_them_destroys_what_was_made
                 .collect();
             (names == expected).then_some(())
         },
+    )
+    .await
+    .unwrap();
+
+    // The demo's path: the H100 that served partitions is switched to MPS (the L4s are
+    // handed out whole, so the share can only land on the H100). Its MPS pod runs on a GPU
+    // with MIG mode off and its daemon started there.
+    operator_sets_gpus(
+        &client,
+        "l4-node",
+        json!([{"index": 1, "strategy": "Exclusive"}]),
+    )
+    .await;
+    operator_sets_gpus(
+        &client,
+        "h100-node",
+        json!([{"index": 0, "strategy": "MPS", "mps": {"maxClients": 4}}]),
+    )
+    .await;
+    for (node, strategy) in [
+        ("l4-node", tessera_api::policy::SharingStrategy::Exclusive),
+        ("h100-node", tessera_api::policy::SharingStrategy::Mps),
+    ] {
+        let gpu = usize::from(node == "l4-node");
+        cluster::wait_for(
+            &gpunodes,
+            node,
+            |g: Option<&tessera_api::GpuNode>| {
+                g.and_then(|g| g.status.as_ref()?.gpus.get(gpu).cloned())
+                    .is_some_and(|g| g.strategy == Some(strategy))
+            },
+            &format!("{node} to offer GPU {gpu} as {strategy:?}"),
+            WAIT,
+        )
+        .await
+        .unwrap();
+    }
+    create_pod(
+        &client,
+        "mps-h100",
+        "mps.tessera.dev",
+        None,
+        Some(json!({"computePercent": "25", "memory": "4Gi"})),
+    )
+    .await;
+    let pod = wait_running(&client, "mps-h100").await;
+    assert_eq!(
+        allocated(&claim_of(&client, &pod).await),
+        ("h100-node".to_string(), "gpu-0-mps".to_string())
+    );
+    let gpu0 = &sim(&h100).gpus[0];
+    assert!(
+        !gpu0.mig_enabled,
+        "MPS on a GPU in MIG mode runs no CUDA work"
+    );
+    assert!(gpu0.mps.is_some());
+    cluster::wait_for(
+        &gpunodes,
+        "h100-node",
+        |g: Option<&tessera_api::GpuNode>| {
+            g.and_then(|g| g.status.as_ref()?.gpus.first().cloned())
+                .is_some_and(|g| {
+                    g.strategy == Some(tessera_api::policy::SharingStrategy::Mps)
+                        && !g.mig_enabled
+                        && g.mps.is_some_and(|m| m.daemon_running)
+                })
+        },
+        "GpuNode status to show GPU 0 as MPS, MIG off, its daemon running",
+        WAIT,
     )
     .await
     .unwrap();
@@ -573,6 +643,38 @@ async fn the_demo_workloads_run_as_shipped_on_the_demo_nodes() {
     );
     assert_eq!(report["pods"]["wholeGpuPods"], 1, "{report:#}");
     assert_eq!(report["pods"]["sharingPods"], 3, "{report:#}");
+
+    // `kubectl tessera plan`: turning the inference pool's MIG policy into Exclusive
+    // would wait for the claims on its partitioned H100s, naming them.
+    let sample = std::fs::read_to_string(
+        tessera_e2e::repo_root().join("config/samples/01-h100-inference-dynamic-mig.yaml"),
+    )
+    .unwrap();
+    let head = sample.split("  strategy: MIG").next().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let edited = dir.path().join("policy.yaml");
+    std::fs::write(&edited, format!("{head}  strategy: Exclusive\n")).unwrap();
+    let out = kubectl_tessera(
+        &["plan", "-f", edited.to_str().unwrap(), "-o", "json"],
+        cp.kubeconfig_path(),
+    )
+    .await;
+    let plan: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(plan["policies"][0]["change"], "changed", "{plan:#}");
+    let held: Vec<&serde_json::Value> = plan["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["outcome"] == "held")
+        .collect();
+    assert!(!held.is_empty(), "{plan:#}");
+    assert!(
+        held.iter()
+            .all(|g| g["gpu"].as_str().unwrap().starts_with("gpu-h100/")
+                && !g["claims"].as_array().unwrap().is_empty()
+                && g["after"] == "Exclusive"),
+        "{plan:#}"
+    );
 }
 
 /// `kubectl tessera status -o json` as a ServiceAccount that may only get and list
@@ -627,4 +729,51 @@ async fn tessera_status_read_only(cp: &tessera_e2e::ControlPlane) -> serde_json:
         .unwrap();
     let out = kubectl_tessera(&["status", "-o", "json"], &kubeconfig).await;
     serde_json::from_slice(&out).unwrap()
+}
+
+#[tokio::test]
+async fn without_a_policy_an_installed_plugin_offers_gpus_whole_and_leaves_mig_off() {
+    let (cp, client) = setup().await;
+    let node = SimNode::start_as_installed(
+        &cp,
+        "fresh-node",
+        "gpus: [{model: h100-80gb}, {model: l4}]\nlatencies: zero\n",
+    )
+    .await
+    .unwrap();
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let types = eventually("the fresh node's devices", WAIT, || async {
+        let list = slices
+            .list(&ListParams::default().fields("spec.nodeName=fresh-node"))
+            .await
+            .ok()?;
+        let types: Vec<String> = list
+            .items
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .filter_map(|d| d.attributes.as_ref()?.get("type")?.string.clone())
+            .collect();
+        (types.len() >= 2).then_some(types)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        types,
+        ["gpu", "gpu"],
+        "one whole device per GPU, no partition"
+    );
+    // A claim for the whole H100 runs, and the GPU stays out of MIG mode.
+    create_pod(&client, "whole", "gpu.tessera.dev", None, None).await;
+    wait_running(&client, "whole").await;
+    assert!(sim(&node).gpus.iter().all(|g| !g.mig_enabled));
+    // A MIG claim finds nothing to allocate: no policy asked for partitions.
+    create_pod(
+        &client,
+        "mig",
+        "mig.tessera.dev",
+        Some(&profile("1g.10gb")),
+        None,
+    )
+    .await;
+    wait_unschedulable(&client, "mig").await;
 }

@@ -9,6 +9,7 @@
 use std::collections::BTreeSet;
 
 use tessera_api::{
+    defaults,
     gpunode::{GpuConfig, GpuState},
     policy::{MigMode, SharingStrategy},
 };
@@ -20,11 +21,6 @@ use tessera_gpu::{
 
 use super::ClaimNeed;
 use crate::resolve::{self, PolicyView};
-
-/// `mps.maxClients` when the policy sets none (the plugin's default).
-const DEFAULT_MPS_CLIENTS: u32 = 8;
-/// `timeSlicing.maxClients` when the policy sets none (the plugin's default).
-const DEFAULT_TIME_SLICES: u32 = 4;
 
 /// What one GPU of a strategy holds.
 #[derive(Clone, Debug)]
@@ -69,17 +65,13 @@ impl Holds {
                 100,
                 spec.mps
                     .as_ref()
-                    .and_then(|m| m.max_clients)
-                    .and_then(|c| u32::try_from(c).ok())
-                    .unwrap_or(DEFAULT_MPS_CLIENTS),
+                    .map_or(defaults::MPS_MAX_CLIENTS, |m| m.max_clients),
             ),
             SharingStrategy::TimeSlicing => {
                 let slices = spec
                     .time_slicing
                     .as_ref()
-                    .and_then(|t| t.max_clients)
-                    .and_then(|c| u32::try_from(c).ok())
-                    .unwrap_or(DEFAULT_TIME_SLICES);
+                    .map_or(defaults::TIME_SLICING_MAX_CLIENTS, |t| t.max_clients);
                 units(slices, slices)
             }
             SharingStrategy::Exclusive | SharingStrategy::Adaptive => units(1, u32::MAX),

@@ -29,10 +29,11 @@ fn adaptive(strategies: Vec<SharingStrategy>, cooldown: Option<&str>) -> PolicyV
             time_slicing: None,
             adaptive: Some(AdaptivePolicy {
                 strategies,
-                cooldown: cooldown.map(str::to_string),
+                cooldown: cooldown
+                    .map_or_else(tessera_api::defaults::adaptive_cooldown, str::to_string),
                 binding_conditions: false,
             }),
-            repartition: None,
+            repartition: Default::default(),
         },
     }
 }
@@ -259,10 +260,10 @@ fn an_a100_leaves_mig_only_with_a_reset_the_policy_allows() {
     let mut p = adaptive(strategies, None);
     let s = snapshot(p.clone(), vec![("a", node(vec![gpu(0, A100, true)], &[]))]);
     assert!(planned(&s, &wants(mps_share(), 1), &BTreeMap::new()).is_empty());
-    p.spec.repartition = Some(RepartitionPolicy {
+    p.spec.repartition = RepartitionPolicy {
         allow_gpu_reset: true,
-        drain_timeout: None,
-    });
+        ..Default::default()
+    };
     let s = snapshot(p, vec![("a", node(vec![gpu(0, A100, true)], &[]))]);
     assert_eq!(
         planned(&s, &wants(mps_share(), 1), &BTreeMap::new()).len(),
@@ -273,10 +274,10 @@ fn an_a100_leaves_mig_only_with_a_reset_the_policy_allows() {
 #[test]
 fn a_gpu_that_switches_without_a_reset_is_moved_before_one_that_needs_it() {
     let mut p = adaptive(vec![SharingStrategy::Mig, SharingStrategy::Mps], None);
-    p.spec.repartition = Some(RepartitionPolicy {
+    p.spec.repartition = RepartitionPolicy {
         allow_gpu_reset: true,
-        drain_timeout: None,
-    });
+        ..Default::default()
+    };
     // Node a's A100 comes first in name order, but leaving MIG resets it.
     let s = snapshot(
         p,
@@ -336,7 +337,7 @@ fn demand_sizes_the_moves_by_what_one_gpu_holds() {
     // Two clients per GPU: three GPUs.
     let mut p = adaptive(MIG_MPS.to_vec(), None);
     p.spec.mps = Some(tessera_api::policy::MpsPolicy {
-        max_clients: Some(2),
+        max_clients: 2,
         ..Default::default()
     });
     let got = planned_in(&three_nodes(p), &wants(mps_share(), 5), &Rooms::default());
@@ -509,10 +510,10 @@ fn mig_claims_are_placed_as_the_plugin_would_place_them() {
 fn a_profile_the_gpu_does_not_have_moves_nothing() {
     let (mig, mps) = (SharingStrategy::Mig, SharingStrategy::Mps);
     let mut p = adaptive(vec![mig, mps], None);
-    p.spec.repartition = Some(RepartitionPolicy {
+    p.spec.repartition = RepartitionPolicy {
         allow_gpu_reset: true,
-        drain_timeout: None,
-    });
+        ..Default::default()
+    };
     let mut s = snapshot(p, vec![("a", node(vec![gpu(0, A100, false)], &[]))]);
     let mut r = resolve(&s);
     r.specs.get_mut("a").unwrap().gpus[0].strategy = mps;

@@ -22,10 +22,11 @@ fn adaptive(name: &str, binding_conditions: bool, cooldown: Option<&str>) -> Pol
             time_slicing: None,
             adaptive: Some(AdaptivePolicy {
                 strategies: vec![SharingStrategy::Mig, SharingStrategy::Mps],
-                cooldown: cooldown.map(str::to_string),
+                cooldown: cooldown
+                    .map_or_else(tessera_api::defaults::adaptive_cooldown, str::to_string),
                 binding_conditions,
             }),
-            repartition: None,
+            repartition: Default::default(),
         },
     }
 }

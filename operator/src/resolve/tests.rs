@@ -22,7 +22,7 @@ fn policy(name: &str, priority: i32, strategy: SharingStrategy) -> PolicyView {
             mps: None,
             time_slicing: None,
             adaptive: None,
-            repartition: None,
+            repartition: Default::default(),
         },
     }
 }
@@ -181,7 +181,7 @@ fn adaptive_takes_the_planners_choice_keeps_it_and_starts_from_its_first_strateg
     let mut p = policy("ad", 0, SharingStrategy::Adaptive);
     p.spec.adaptive = Some(AdaptivePolicy {
         strategies: vec![SharingStrategy::Mps, SharingStrategy::Mig],
-        cooldown: None,
+        cooldown: tessera_api::defaults::adaptive_cooldown(),
         binding_conditions: false,
     });
     let mut s = snapshot(vec![p], vec![("a", node(&[], vec![gpu(0, H100)]))]);
@@ -409,10 +409,10 @@ fn a100_static(allow_reset: bool) -> PolicyView {
         ],
         ..MigPolicy::default()
     });
-    p.spec.repartition = Some(tessera_api::policy::RepartitionPolicy {
+    p.spec.repartition = tessera_api::policy::RepartitionPolicy {
         allow_gpu_reset: allow_reset,
-        drain_timeout: None,
-    });
+        ..Default::default()
+    };
     p
 }
 
@@ -486,7 +486,7 @@ fn a_move_back_to_the_strategy_the_gpu_still_runs_is_written_under_its_claims() 
     let mut p = policy("ad", 0, SharingStrategy::Adaptive);
     p.spec.adaptive = Some(AdaptivePolicy {
         strategies: vec![SharingStrategy::Mig, SharingStrategy::Mps],
-        cooldown: None,
+        cooldown: tessera_api::defaults::adaptive_cooldown(),
         binding_conditions: false,
     });
     let mut g = gpu(0, H100);
@@ -521,7 +521,7 @@ fn binding_policy(strategies: Vec<SharingStrategy>, mig: MigPolicy) -> PolicyVie
     p.spec.mig = Some(mig);
     p.spec.adaptive = Some(AdaptivePolicy {
         strategies,
-        cooldown: None,
+        cooldown: tessera_api::defaults::adaptive_cooldown(),
         binding_conditions: true,
     });
     p
@@ -616,10 +616,10 @@ fn alternatives_leave_out_static_mig_and_resets_the_policy_does_not_allow() {
     assert!(alternative_strategies(&r).is_empty());
 
     let mut may_reset = mps_first();
-    may_reset.spec.repartition = Some(tessera_api::policy::RepartitionPolicy {
+    may_reset.spec.repartition = tessera_api::policy::RepartitionPolicy {
         allow_gpu_reset: true,
-        drain_timeout: None,
-    });
+        ..Default::default()
+    };
     let r = resolve(&snapshot(
         vec![may_reset],
         vec![("a", node(&[], vec![a100(false, false)]))],

@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use tessera_api::{GpuNodeSpec, policy::SharingStrategy};
+use tessera_api::GpuNodeSpec;
 use tessera_gpu::{
     Occupancy, Placement,
     backend::{ComputeMode, GpuInfo, MigInstance, MpsState, TimeSlice},
@@ -37,13 +37,39 @@ use crate::{
 pub struct GpuWant {
     /// The static layout's placements (empty: none).
     pub layout: Vec<Placement>,
-    /// The MIG mode to set ahead of claims (`None`: leave it to prepare, which switches an
-    /// idle Hopper GPU itself).
-    pub mig_mode: Option<bool>,
+    /// The MIG mode to set ahead of claims.
+    pub mig_mode: MigModeWant,
     /// Whether the GPU may be reset, while nothing uses it, to apply a MIG mode change.
     pub allow_reset: bool,
     /// The time-slice length the GPU should have (`Default` unless it is time-sliced).
     pub time_slice: TimeSlice,
+    /// The claims the scheduler allocated on the GPU (`namespace/name`), prepared or not:
+    /// a GPU is not idle while one is, since its prepare may come at any moment and must
+    /// find the GPU in the shape it was allocated from.
+    pub allocated: Vec<String>,
+}
+
+impl GpuWant {
+    /// Whether holding has anything to do for this GPU besides its time-slice.
+    fn wants_mig(&self) -> bool {
+        !self.layout.is_empty() || self.mig_mode != MigModeWant::Leave
+    }
+}
+
+/// The MIG mode a GPU should be in ahead of claims.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MigModeWant {
+    /// Leave it as it is: the admin set it up, or prepare switches it.
+    #[default]
+    Leave,
+    /// On, once nothing uses the GPU; what holds it back is reported.
+    On,
+    /// Off, once nothing uses the GPU; what holds it back is reported.
+    Off,
+    /// Off whenever nothing uses the GPU, quietly: a Hopper GPU offering MIG partitions
+    /// goes back to MIG off once its last instance is gone, so a GPU nobody uses is in
+    /// the mode every other shape needs, and its status says MIG only while MIG is used.
+    OffWhenIdle,
 }
 
 /// What holding left undone on each GPU, for `GpuNode.status`.
@@ -55,11 +81,15 @@ pub struct HoldReport {
     pub incomplete: BTreeMap<u32, String>,
 }
 
-/// What each GPU should hold, from its offer and its `GpuNode.spec` entry.
+/// What each GPU should hold, from the offer the hand-over applied to it (never the spec's
+/// new shape before the fence has settled: a claim allocated from the old shape in the
+/// meantime must find the GPU as it was offered), its `GpuNode.spec` entry (whether a
+/// reset is allowed), and the claims allocated on it.
 pub fn wants(
     gpus: &NodeGpus,
     offers: &[GpuOffer],
     spec: Option<&GpuNodeSpec>,
+    allocated: &BTreeMap<u32, Vec<String>>,
 ) -> BTreeMap<u32, GpuWant> {
     gpus.gpus
         .iter()
@@ -71,6 +101,7 @@ pub fn wants(
             };
             let want = GpuWant {
                 time_slice,
+                allocated: allocated.get(&info.index).cloned().unwrap_or_default(),
                 ..mig_want(gpus, info, offer, spec)
             };
             (info.index, want)
@@ -85,38 +116,43 @@ fn mig_want(
     offer: &GpuOffer,
     spec: Option<&GpuNodeSpec>,
 ) -> GpuWant {
-    let Some(layout) = gpus.layouts.get(&info.index) else {
+    if !gpus.layouts.contains_key(&info.index) {
         return GpuWant::default();
-    };
+    }
     let cfg = spec.and_then(|s| config_for(s, info));
     let allow_reset = cfg.is_some_and(|c| c.allow_gpu_reset);
     let needs_reset = !info.architecture.mig_toggle_without_reset();
-    match offer {
-        GpuOffer::StaticMig { placements } => GpuWant {
-            layout: placements
-                .iter()
-                .filter(|(id, _)| layout.profile(*id).is_some())
-                .map(|(profile_id, start)| Placement {
-                    profile_id: *profile_id,
-                    start: *start,
-                })
-                .collect(),
-            mig_mode: Some(true),
-            allow_reset,
-            ..GpuWant::default()
-        },
-        // Hopper and newer switch at prepare time; and only a configuration the operator
-        // resolved switches an A100: the plugin's own default leaves the GPU as the admin
-        // set it up.
-        _ if !needs_reset => GpuWant::default(),
-        _ => match cfg {
-            Some(c) => GpuWant {
-                mig_mode: Some(c.strategy == SharingStrategy::Mig),
-                allow_reset,
-                ..GpuWant::default()
-            },
-            None => GpuWant::default(),
-        },
+    let layout = gpus.layouts.get(&info.index);
+    let mig_mode = match offer {
+        GpuOffer::StaticMig { .. } => MigModeWant::On,
+        // A switch that needs a reset is only made for a configuration the operator
+        // resolved: the plugin's own default leaves an A100 as the admin set it up.
+        _ if needs_reset && cfg.is_none() => MigModeWant::Leave,
+        GpuOffer::DynamicMig { .. } if needs_reset => MigModeWant::On,
+        // Hopper and newer switch at once: prepare turns MIG on for a partition, and the
+        // GPU goes back to MIG off when nothing uses it.
+        GpuOffer::DynamicMig { .. } => MigModeWant::OffWhenIdle,
+        _ if cfg.is_none() => MigModeWant::OffWhenIdle,
+        GpuOffer::Mps { .. } | GpuOffer::TimeSlicing { .. } | GpuOffer::Exclusive => {
+            MigModeWant::Off
+        }
+    };
+    let placements = match offer {
+        GpuOffer::StaticMig { placements } => placements
+            .iter()
+            .filter(|(id, _)| layout.is_some_and(|l| l.profile(*id).is_some()))
+            .map(|(profile_id, start)| Placement {
+                profile_id: *profile_id,
+                start: *start,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    GpuWant {
+        layout: placements,
+        mig_mode,
+        allow_reset,
+        ..GpuWant::default()
     }
 }
 
@@ -146,13 +182,7 @@ impl Driver {
         let slices = self.time_slices_set();
         let gpus: BTreeSet<u32> = wants
             .iter()
-            .filter(|(g, w)| {
-                let mig = GpuWant {
-                    time_slice: TimeSlice::Default,
-                    ..(*w).clone()
-                };
-                mig != GpuWant::default() || slice_to_set(slices.get(g), w.time_slice)
-            })
+            .filter(|(g, w)| w.wants_mig() || slice_to_set(slices.get(g), w.time_slice))
             .map(|(g, _)| *g)
             .chain(held)
             .collect();
@@ -174,6 +204,9 @@ impl Driver {
                     report.incomplete.insert(gpu, why);
                 }
             }
+        }
+        for (gpu, note) in self.stuck_notes().await {
+            report.incomplete.entry(gpu).or_insert(note);
         }
         report
     }
@@ -207,9 +240,24 @@ impl Driver {
         Ok(())
     }
 
-    /// One GPU; the caller holds its lock.
+    /// One GPU; the caller holds its lock. A time-slice length is set once MIG mode is
+    /// off (the driver takes it on full GPUs only); going back to the default never waits.
     async fn hold_gpu(&self, gpu: u32, want: &GpuWant) -> Result<Step, ClaimError> {
-        self.set_time_slice(gpu, want.time_slice).await?;
+        if want.time_slice == TimeSlice::Default {
+            self.set_time_slice(gpu, want.time_slice).await?;
+            return self.hold_mig(gpu, want).await;
+        }
+        match self.hold_mig(gpu, want).await? {
+            Step::Done => {
+                self.set_time_slice(gpu, want.time_slice).await?;
+                Ok(Step::Done)
+            }
+            other => Ok(other),
+        }
+    }
+
+    /// The MIG mode and static layout of one GPU; the caller holds its lock.
+    async fn hold_mig(&self, gpu: u32, want: &GpuWant) -> Result<Step, ClaimError> {
         let (Some(info), Some(geometry)) = (self.gpus().gpu(gpu), self.gpus().layouts.get(&gpu))
         else {
             return Ok(Step::Done);
@@ -242,8 +290,21 @@ impl Driver {
             self.save_layout(gpu, &held).await?;
         }
 
-        let on_gpu: Vec<String> = claims_on(&cp, gpu);
-        if let Some(mode) = want.mig_mode {
+        let mut on_gpu: Vec<String> = claims_on(&cp, gpu);
+        for c in &want.allocated {
+            if !on_gpu.contains(c) {
+                on_gpu.push(c.clone());
+            }
+        }
+        let mode = match want.mig_mode {
+            MigModeWant::Leave => None,
+            MigModeWant::On => Some(true),
+            MigModeWant::Off => Some(false),
+            // Quietly: a GPU in use is not waiting for anything.
+            MigModeWant::OffWhenIdle if on_gpu.is_empty() && live.is_empty() => Some(false),
+            MigModeWant::OffWhenIdle => None,
+        };
+        if let Some(mode) = mode {
             match self
                 .switch_mode(&info, mode, want.allow_reset, &live, &on_gpu)
                 .await?

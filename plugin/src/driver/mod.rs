@@ -30,13 +30,14 @@ use tessera_kit::client::apply_params;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 pub use claim::PlanError;
-pub use layout::{GpuWant, HoldReport, Keeper, wants};
+pub use layout::{GpuWant, HoldReport, Keeper, MigModeWant, wants};
 pub use pending::{PendingDriver, STOPPING};
 pub use recovery::RecoveryReport;
 
 use crate::{
     cdi::CdiWriter,
     checkpoint::CheckpointStore,
+    fence::AppliedOffers,
     kubelet::{ClaimRef, DraDriver, PrepareResults, UnprepareResults},
     metrics::Metrics,
     state::{ClaimsMirror, NodeGpus, NodeState, TaskFailed, blocking},
@@ -104,6 +105,19 @@ pub enum ClaimError {
         held: String,
         /// The claim holding it.
         other: String,
+    },
+    /// The device is not one the GPU offers now: the scheduler allocated it from slices
+    /// published before the GPU changed shape.
+    #[error(
+        "device {device} is not offered by GPU {gpu} any more: the GPU offers {offers} now, and making it would put two shapes on one GPU. The scheduler allocated it from slices published before the GPU changed shape; delete the pod (or its claim) so that the scheduler allocates again"
+    )]
+    NotOffered {
+        /// The allocated device.
+        device: String,
+        /// Its GPU.
+        gpu: u32,
+        /// The shape the GPU offers now.
+        offers: &'static str,
     },
     /// The hardware refused.
     #[error(transparent)]
@@ -214,6 +228,7 @@ pub struct Driver {
     cdi: CdiWriter,
     mps_root: PathBuf,
     caps_root: PathBuf,
+    applied: AppliedOffers,
     gpu_locks: BTreeMap<u32, Arc<Mutex<()>>>,
     claim_locks: std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>,
     metrics: Arc<Metrics>,
@@ -221,6 +236,8 @@ pub struct Driver {
     status_writer: claim_status::ClaimStatusWriter,
     /// The time-slice length this process set on each GPU.
     time_slices: std::sync::Mutex<BTreeMap<u32, tessera_gpu::backend::TimeSlice>>,
+    /// Claims start-up recovery could not settle, by UID: their GPUs and what to report.
+    stuck: std::sync::Mutex<BTreeMap<String, (BTreeSet<u32>, String)>>,
 }
 
 pub use claim_status::STATUS_WRITES_IN_FLIGHT;
@@ -245,6 +262,9 @@ pub struct DriverConfig {
     pub mps_root: PathBuf,
     /// Where the driver publishes MIG capabilities (see [`crate::devnodes`]).
     pub caps_root: PathBuf,
+    /// What each GPU offers now, as the node loop's hand-over applied it: a prepare
+    /// refuses a device the GPU no longer offers.
+    pub applied: AppliedOffers,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Where the driver's own background work runs (the `ResourceClaim.status` writes).
@@ -289,11 +309,13 @@ impl Driver {
             cdi: cfg.cdi,
             mps_root: cfg.mps_root,
             caps_root: cfg.caps_root,
+            applied: cfg.applied,
             gpu_locks,
             claim_locks: std::sync::Mutex::new(HashMap::new()),
             metrics: cfg.metrics,
             status_writer,
             time_slices: std::sync::Mutex::new(BTreeMap::new()),
+            stuck: std::sync::Mutex::new(BTreeMap::new()),
         }))
     }
 

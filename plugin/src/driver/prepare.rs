@@ -13,6 +13,7 @@ use crate::{
     checkpoint::{ClaimPhase, ClaimRecord, DeviceKind, DeviceRecord, MigIdentity},
     crash_points, device_edits,
     kubelet::{ClaimRef, PreparedDevice},
+    slices::{GpuOffer, offer_device_names},
 };
 
 pub(crate) fn to_prepared(rec: &ClaimRecord) -> Vec<PreparedDevice> {
@@ -53,6 +54,7 @@ impl Driver {
             info!(claim = %c, "rolling back an interrupted prepare before retrying it");
             self.rollback(&rec).await?;
         }
+        self.check_offered(&devices)?;
         self.check_not_in_use(c, &devices).await?;
         self.hand_out_held(&mut devices).await;
 
@@ -162,13 +164,6 @@ impl Driver {
     ) -> Result<(), ClaimError> {
         let cp = self.claims.lock().await;
         for d in devices {
-            let shared = matches!(
-                d.kind,
-                DeviceKind::Mps { .. } | DeviceKind::TimeSlice { .. }
-            );
-            if shared {
-                continue;
-            }
             let layout = self.gpus().layouts.get(&d.gpu);
             for (uid, other) in &cp.claims {
                 if *uid == c.uid {
@@ -181,6 +176,27 @@ impl Driver {
                         other: format!("{}/{}", other.namespace, other.name),
                     });
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses a device its GPU does not offer now (see [`crate::fence::AppliedOffers`]). A GPU with no
+    /// applied offer yet (the node loop's first pass has not run since the plugin first
+    /// started on this node) is not checked: nothing was published that it could differ
+    /// from.
+    fn check_offered(&self, devices: &[DeviceRecord]) -> Result<(), ClaimError> {
+        for d in devices {
+            let (Some(info), Some(offer)) = (self.gpus().gpu(d.gpu), self.applied.get(d.gpu))
+            else {
+                continue;
+            };
+            if !offered(info, self.gpus().layouts.get(&d.gpu), &offer, d) {
+                return Err(ClaimError::NotOffered {
+                    device: d.device.clone(),
+                    gpu: d.gpu,
+                    offers: crate::status::strategy_of(&offer).as_str(),
+                });
             }
         }
         Ok(())
@@ -218,24 +234,31 @@ impl Driver {
                     uuid: ci.uuid,
                 });
             }
-            DeviceKind::Gpu { .. } => {
-                // A whole GPU on a MIG-capable GPU must have MIG off; the counters
-                // guarantee no partition is allocated, so only an idle GPU gets here.
+            // Every shape but a MIG partition needs MIG mode off: with it on, CUDA sees
+            // only MIG devices and a process on the whole GPU finds none. The counters (or
+            // the check against the applied offer) guarantee no partition is allocated,
+            // so only a GPU without instances gets here.
+            DeviceKind::Gpu { .. } | DeviceKind::TimeSlice { .. } => {
                 if self.gpus().layouts.contains_key(&gpu) {
                     self.on_hardware(move |b| ensure_mig_mode(b, gpu, false))
                         .await?;
                 }
             }
             // Its daemon already runs (every prepare but a GPU's first): nothing to do, and
-            // no hop off the runtime's worker to find that out.
+            // no hop off the runtime's worker to find that out. A daemon runs only on a
+            // GPU with MIG mode off.
             DeviceKind::Mps { .. } if self.backend.mps_known_running(gpu) => {}
             DeviceKind::Mps { .. } => {
+                let mig_capable = self.gpus().layouts.contains_key(&gpu);
                 let pipe_dir = self.mps_root.join(format!("gpu-{gpu}")).join("pipe");
                 let log_dir = self.mps_root.join(format!("gpu-{gpu}")).join("log");
                 let started = std::time::Instant::now();
                 self.on_hardware(move |b| {
                     if matches!(b.mps_state(gpu)?, MpsState::Running { .. }) {
                         return Ok(());
+                    }
+                    if mig_capable {
+                        ensure_mig_mode(b, gpu, false)?;
                     }
                     for dir in [&pipe_dir, &log_dir] {
                         std::fs::create_dir_all(dir).map_err(|e| {
@@ -262,7 +285,6 @@ impl Driver {
                 self.metrics
                     .observe_hardware("start_mps", started.elapsed());
             }
-            DeviceKind::TimeSlice { .. } => {}
         }
         Ok(())
     }
@@ -321,4 +343,18 @@ fn ensure_mig_mode(
         ));
     }
     Ok(())
+}
+
+/// Whether `offer` on the GPU `info` has the device `d` was allocated as. A time-sliced
+/// GPU and a whole GPU both publish `gpu-<index>`: a time-sliced one is allocated with a
+/// share, a whole one without.
+fn offered(
+    info: &tessera_gpu::backend::GpuInfo,
+    layout: Option<&tessera_gpu::MigLayout>,
+    offer: &GpuOffer,
+    d: &DeviceRecord,
+) -> bool {
+    let shared = matches!(d.kind, DeviceKind::TimeSlice { .. });
+    let sliced = matches!(offer, GpuOffer::TimeSlicing { .. });
+    shared == sliced && offer_device_names(info, layout, offer).contains(&d.device)
 }

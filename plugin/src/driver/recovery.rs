@@ -12,13 +12,20 @@
 //! - MIG instances the checkpoint does not know are reported and never destroyed.
 //! - A claim on a GPU that cannot be read (fell off the bus) is kept as it is: nothing can
 //!   be checked or undone there, and the node's other GPUs must still come up.
+//! - A claim whose rollback fails (the driver refuses to destroy an instance a process
+//!   still uses) is kept as well, and its GPUs report it until a later prepare or
+//!   unprepare settles it: one stuck instance must not keep the node's other GPUs from
+//!   being served.
 
 use std::collections::BTreeSet;
 
 use tracing::{info, warn};
 
 use super::{ClaimError, Driver};
-use crate::checkpoint::{ClaimPhase, DeviceKind};
+use crate::{
+    checkpoint::{ClaimPhase, ClaimRecord, DeviceKind},
+    state::LiveInstances,
+};
 
 /// What start-up recovery did.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -38,6 +45,8 @@ pub struct RecoveryReport {
     pub foreign_instances: Vec<String>,
     /// Claims on GPUs that could not be read, kept unchanged.
     pub kept_unreadable: Vec<String>,
+    /// Claims whose rollback failed, kept with their record: `uid: why`.
+    pub failed: Vec<String>,
 }
 
 impl Driver {
@@ -76,43 +85,18 @@ impl Driver {
                 continue;
             }
             let _guards = self.lock_gpus(&gpus).await;
-            match rec.phase {
-                ClaimPhase::PrepareStarted => {
-                    self.rollback(&rec).await?;
-                    report.rolled_back.push(rec.uid.clone());
-                }
-                ClaimPhase::PrepareCompleted => {
-                    let intact = rec.devices.iter().all(|d| match &d.kind {
-                        DeviceKind::Mig {
-                            created: Some(m),
-                            start,
-                            ..
-                        } => live.by_gpu.get(&d.gpu).is_some_and(|v| {
-                            v.iter()
-                                .any(|i| i.start == *start && i.uuid() == Some(m.uuid.as_str()))
-                        }),
-                        DeviceKind::Mig { created: None, .. } => false,
-                        _ => true,
-                    });
-                    if !intact {
-                        warn!(claim = %rec.uid, "prepared claim's MIG instances are gone; forgetting it so it is prepared again");
-                        self.rollback(&rec).await?;
-                        report.forgotten.push(rec.uid.clone());
-                        continue;
-                    }
-                    match self.api.get(&rec.namespace, &rec.name).await {
-                        Ok(Some(c)) if c.metadata.uid.as_deref() == Some(rec.uid.as_str()) => {}
-                        Ok(_) => {
-                            info!(claim = %rec.uid, "claim no longer exists; releasing its devices");
-                            self.rollback(&rec).await?;
-                            report.released.push(rec.uid.clone());
-                        }
-                        // Cannot tell (API down): keep it; the kubelet will unprepare it.
-                        Err(e) => {
-                            warn!(claim = %rec.uid, error = %crate::error_chain(&e), "cannot check whether the claim still exists")
-                        }
-                    }
-                }
+            if let Err(e) = self.recover_claim(&rec, &live, &mut report).await {
+                let why = crate::error_chain(&e);
+                warn!(claim = %rec.uid, gpus = ?gpus, error = %why, "cannot settle the claim's record at start-up; it is kept, its GPUs report it, and the node's other GPUs are served");
+                let note = format!(
+                    "claim {}/{} ({}) could not be undone at start-up and is kept until a prepare or unprepare of it settles it: {why}",
+                    rec.namespace, rec.name, rec.uid
+                );
+                self.stuck
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(rec.uid.clone(), (gpus, note));
+                report.failed.push(format!("{}: {why}", rec.uid));
             }
         }
         // Whatever is left on the GPUs and not in the checkpoint is someone else's.
@@ -132,5 +116,68 @@ impl Driver {
         drop(cp);
         self.state.notify_changed();
         Ok(report)
+    }
+
+    /// Settles one claim's record against the hardware; the caller holds its GPUs' locks.
+    async fn recover_claim(
+        &self,
+        rec: &ClaimRecord,
+        live: &LiveInstances,
+        report: &mut RecoveryReport,
+    ) -> Result<(), ClaimError> {
+        match rec.phase {
+            ClaimPhase::PrepareStarted => {
+                self.rollback(rec).await?;
+                report.rolled_back.push(rec.uid.clone());
+            }
+            ClaimPhase::PrepareCompleted => {
+                let intact = rec.devices.iter().all(|d| match &d.kind {
+                    DeviceKind::Mig {
+                        created: Some(m),
+                        start,
+                        ..
+                    } => live.by_gpu.get(&d.gpu).is_some_and(|v| {
+                        v.iter()
+                            .any(|i| i.start == *start && i.uuid() == Some(m.uuid.as_str()))
+                    }),
+                    DeviceKind::Mig { created: None, .. } => false,
+                    _ => true,
+                });
+                if !intact {
+                    warn!(claim = %rec.uid, "prepared claim's MIG instances are gone; forgetting it so it is prepared again");
+                    self.rollback(rec).await?;
+                    report.forgotten.push(rec.uid.clone());
+                    return Ok(());
+                }
+                match self.api.get(&rec.namespace, &rec.name).await {
+                    Ok(Some(c)) if c.metadata.uid.as_deref() == Some(rec.uid.as_str()) => {}
+                    Ok(_) => {
+                        info!(claim = %rec.uid, "claim no longer exists; releasing its devices");
+                        self.rollback(rec).await?;
+                        report.released.push(rec.uid.clone());
+                    }
+                    // Cannot tell (API down): keep it; the kubelet will unprepare it.
+                    Err(e) => {
+                        warn!(claim = %rec.uid, error = %crate::error_chain(&e), "cannot check whether the claim still exists")
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What start-up recovery could not settle, per GPU, while the claim's record is still
+    /// there (a later prepare or unprepare that settles it removes the record).
+    pub(super) async fn stuck_notes(&self) -> Vec<(u32, String)> {
+        let known: BTreeSet<String> = self.claims.lock().await.claims.keys().cloned().collect();
+        let mut stuck = self
+            .stuck
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        stuck.retain(|uid, _| known.contains(uid));
+        stuck
+            .values()
+            .flat_map(|(gpus, note)| gpus.iter().map(move |g| (*g, note.clone())))
+            .collect()
     }
 }

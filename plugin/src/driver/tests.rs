@@ -21,6 +21,7 @@ use crate::{
 
 mod corpus;
 mod layout;
+mod shapes;
 
 const DRIVER: &str = "gpu.tessera.dev";
 const NODE: &str = "node-a";
@@ -30,6 +31,8 @@ struct TestNode {
     dir: tempfile::TempDir,
     sim: Arc<SimBackend>,
     api: Arc<FakeClaims>,
+    /// What the node loop's hand-over would have applied (empty: nothing yet).
+    applied: crate::fence::AppliedOffers,
     /// The driver's files and device nodes of the node, in memory.
     files: Arc<crate::driver_files::DriverFiles>,
 }
@@ -72,6 +75,7 @@ impl TestNode {
             dir,
             sim: Arc::new(sim),
             api: Arc::new(FakeClaims::default()),
+            applied: crate::fence::AppliedOffers::default(),
             files,
         }
     }
@@ -97,6 +101,7 @@ impl TestNode {
             cdi,
             mps_root: self.dir.path().join("mps"),
             caps_root: self.dir.path().join("caps"),
+            applied: self.applied.clone(),
             metrics: Arc::new(Metrics::new()),
             background: tokio::runtime::Handle::current(),
             status_rate: RateLimiter::new(0.0, 1),
@@ -427,4 +432,61 @@ async fn unprepare_destroys_exactly_the_instance_it_made() {
     assert!(node.instances(0).is_empty());
     assert!(!node.cdi().exists("a"));
     assert!(driver.claims.lock().await.claims.is_empty());
+}
+
+#[tokio::test]
+async fn a_rollback_that_fails_at_start_up_keeps_its_record_and_the_other_gpus_serve() {
+    let node = TestNode::new(2);
+    let driver = node.driver();
+    let stuck = node.claim("stuck", &[mig(0, "3g.40gb", 0)]);
+    let fine = node.claim("fine", &[mig(1, "3g.40gb", 0)]);
+    driver.prepare_claim(&stuck).await.unwrap();
+    driver.prepare_claim(&fine).await.unwrap();
+    // Both claims are gone while the plugin is down, and the driver refuses to destroy
+    // GPU 0's instance: a process still uses it.
+    node.api.remove("ns", "claim-stuck");
+    node.api.remove("ns", "claim-fine");
+    node.sim.inject(FailureSpec {
+        operation: Operation::DestroyComputeInstance,
+        count: 1,
+        gpu: Some(0),
+        message: Some("In use by another client".into()),
+    });
+
+    let driver = node.driver();
+    let report = driver.recover().await.unwrap();
+
+    assert_eq!(report.released, ["fine"], "the other GPU was settled");
+    assert_eq!(report.failed.len(), 1, "{report:?}");
+    assert!(report.failed[0].starts_with("stuck: "), "{report:?}");
+    assert!(node.instances(1).is_empty());
+    assert_eq!(node.instances(0).len(), 1, "nothing forced");
+    assert!(
+        driver.claims.lock().await.claims.contains_key("stuck"),
+        "the record stays: its instance is still there"
+    );
+    let holding = driver
+        .keeper()
+        .hold(&std::collections::BTreeMap::new())
+        .await;
+    assert!(
+        holding.incomplete[&0].contains("claim ns/claim-stuck"),
+        "{holding:?}"
+    );
+    // GPU 1 serves.
+    driver
+        .prepare_claim(&node.claim("next", &[mig(1, "1g.10gb", 0)]))
+        .await
+        .unwrap();
+    // The kubelet's unprepare of the stuck claim settles it once the instance is free.
+    driver.unprepare_claim(&stuck).await.unwrap();
+    assert!(node.instances(0).is_empty());
+    assert!(
+        !driver
+            .keeper()
+            .hold(&std::collections::BTreeMap::new())
+            .await
+            .incomplete
+            .contains_key(&0)
+    );
 }

@@ -2,6 +2,7 @@
 //! plugin's documented default (`--default-strategy`).
 
 use tessera_api::{
+    defaults,
     gpunode::{GpuConfig, GpuNodeSpec},
     policy::{MigMode, SharingStrategy, TimeSliceInterval},
 };
@@ -244,21 +245,27 @@ fn from_config(
         }
         SharingStrategy::Mps => {
             let mps = cfg.mps.clone().unwrap_or_default();
-            let max_clients = mps
-                .max_clients
-                .and_then(|v| u32::try_from(v).ok())
-                .unwrap_or(8)
-                .max(1);
+            // The CRD keeps maxClients in 1..=48; an entry written around it must still
+            // not divide by zero.
+            let max_clients = mps.max_clients.max(1);
             let default_thread_percentage = mps
                 .default_active_thread_percentage
                 .and_then(|v| u32::try_from(v).ok())
                 .unwrap_or(100 / max_clients)
                 .clamp(1, 100);
-            let default_memory_mib = mps
-                .default_pinned_memory_limit
-                .as_deref()
-                .and_then(crate::quantity::parse_mib)
-                .unwrap_or(gpu.memory_mib / u64::from(max_clients));
+            let share = gpu.memory_mib / u64::from(max_clients);
+            let default_memory_mib = match mps.default_pinned_memory_limit.as_deref() {
+                None => share,
+                Some(q) => crate::quantity::parse_mib(q).unwrap_or_else(|| {
+                    // The CRD lets only quantities through; an entry written around it
+                    // is said, not silently replaced.
+                    warnings.push(format!(
+                        "GPU {}: mps.defaultPinnedMemoryLimit {q:?} is not a memory quantity; each client gets GPU memory / maxClients ({share} MiB)",
+                        gpu.index
+                    ));
+                    share
+                }),
+            };
             GpuOffer::Mps {
                 max_clients,
                 default_thread_percentage,
@@ -269,9 +276,7 @@ fn from_config(
             max_clients: cfg
                 .time_slicing
                 .as_ref()
-                .and_then(|t| t.max_clients)
-                .and_then(|v| u32::try_from(v).ok())
-                .unwrap_or(4)
+                .map_or(defaults::TIME_SLICING_MAX_CLIENTS, |t| t.max_clients)
                 .max(1),
             interval: match cfg.time_slicing.as_ref().map(|t| t.interval) {
                 None | Some(TimeSliceInterval::Default) => TimeSlice::Default,

@@ -83,11 +83,14 @@ impl Publisher {
     /// Name of the `i`-th device slice. Position, not GPU, is in the name: the allocator
     /// reads slices in name order, and position 0 holds the GPU to fill first.
     pub fn device_slice_name(&self, i: usize) -> String {
-        format!("{}-{}-{i:02}", self.node_name, self.driver)
+        format!("{}-{i:02}", slice_prefix(&self.node_name, &self.driver))
     }
 
     fn counter_slice_name(&self, i: usize) -> String {
-        format!("{}-{}-counters-{i}", self.node_name, self.driver)
+        format!(
+            "{}-counters-{i}",
+            slice_prefix(&self.node_name, &self.driver)
+        )
     }
 
     /// Makes the API server hold exactly `desired`. Cheap when nothing changed.
@@ -495,6 +498,30 @@ fn dropped_fields(sent: &ResourceSlice, stored: &ResourceSlice) -> Vec<String> {
         }
     }
     out
+}
+
+/// The longest object name the API server takes (a DNS subdomain).
+const MAX_NAME: usize = 253;
+/// Room left after the prefix for the longest suffix a slice name gets
+/// (`-counters-<n>`, `-<nnn>`).
+const SUFFIX_ROOM: usize = 24;
+
+/// What every slice name of a node starts with: `<node>-<driver>`, or, when a node name
+/// is so long that the names would pass the API server's 253 characters, a cut of it
+/// followed by a digest of the whole, so names stay unique per node and sort in position
+/// order within it.
+fn slice_prefix(node: &str, driver: &str) -> String {
+    use sha2::Digest;
+    let full = format!("{node}-{driver}");
+    if full.len() + SUFFIX_ROOM <= MAX_NAME {
+        return full;
+    }
+    let digest = sha2::Sha256::digest(full.as_bytes());
+    let tag: String = digest.iter().take(5).map(|b| format!("{b:02x}")).collect();
+    // Node names are DNS subdomains (ASCII); a cut must end a label with an alphanumeric.
+    let keep = MAX_NAME - SUFFIX_ROOM - tag.len() - 1;
+    let cut = full[..keep.min(full.len())].trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
+    format!("{cut}-{tag}")
 }
 
 #[cfg(test)]

@@ -249,6 +249,7 @@ fn counts_and_strategy_mix_summarise_the_node() {
     let s = Fixture::new().compute(&[]);
     assert_eq!(s.gpu_count, 3);
     assert_eq!(s.mig_instances, 3);
+    assert_eq!(s.unhealthy_gpus, 0);
     assert_eq!(s.strategy_mix.as_deref(), Some("Exclusive:1,MIG:2"));
     assert_eq!(s.observed_generation, Some(3));
     let strategies: Vec<Option<SharingStrategy>> = s.gpus.iter().map(|g| g.strategy).collect();
@@ -337,6 +338,7 @@ fn an_unhealthy_gpu_makes_the_node_not_ready() {
     assert_eq!(s.gpus[1].health, GpuHealth::Unhealthy);
     assert_eq!(s.gpus[1].health_message.as_deref(), Some("xid-79"));
     assert_eq!(s.gpus[0].health, GpuHealth::Healthy);
+    assert_eq!(s.unhealthy_gpus, 1, "kubectl get gn counts it");
 }
 
 #[test]

@@ -1,8 +1,29 @@
 //! MPS and compute-mode operations of the simulated backend: the bodies of those methods
 //! of [`GpuBackend`](crate::backend::GpuBackend), run under the lock by `SimBackend::run`.
 
-use super::{SimMps, inner::Inner};
+use super::{SimGpu, SimMps, inner::Inner};
 use crate::backend::{ComputeMode, ErrorKind, MpsDaemonConfig, MpsState, TimeSlice};
+
+/// Why an MPS server cannot run on the GPU, if it cannot. With MIG mode on, CUDA
+/// enumerates only MIG devices: "without creating GPU instances (and corresponding compute
+/// instances), CUDA workloads cannot be run on the GPU" (MIG user guide), and "the MPS
+/// server will fail to start if incompatible devices are visible after the application of
+/// CUDA_VISIBLE_DEVICES" (MPS documentation, environment variables). A daemon for the
+/// whole GPU would accept clients whose server never starts; the simulator refuses it at
+/// once so the mistake surfaces where it was made.
+fn mps_refused(g: &SimGpu) -> Option<ErrorKind> {
+    if g.time_slice != TimeSlice::Default {
+        return Some(ErrorKind::InUse(
+            "the GPU is shared by time-slicing; MPS and time-slicing cannot share a GPU".into(),
+        ));
+    }
+    if g.mig_enabled {
+        return Some(ErrorKind::NotSupported(
+            "MIG mode is on: CUDA sees only the GPU's MIG devices, so an MPS server for the whole GPU cannot start; turn MIG mode off first".into(),
+        ));
+    }
+    None
+}
 
 /// Starts the MPS control daemon; a no-op when it already runs with the same configuration.
 pub(super) fn start_mps(
@@ -12,11 +33,6 @@ pub(super) fn start_mps(
 ) -> Result<MpsState, ErrorKind> {
     let pid = inner.state.next_pid;
     let g = inner.gpu_mut(gpu)?;
-    if g.time_slice != TimeSlice::Default {
-        return Err(ErrorKind::InUse(
-            "the GPU is shared by time-slicing; MPS and time-slicing cannot share a GPU".into(),
-        ));
-    }
     match &g.mps {
         Some(m) if m.config == *config => {
             return Ok(MpsState::Running {
@@ -30,6 +46,9 @@ pub(super) fn start_mps(
             ));
         }
         None => {}
+    }
+    if let Some(refused) = mps_refused(g) {
+        return Err(refused);
     }
     g.mps = Some(SimMps {
         pid,
@@ -52,10 +71,8 @@ pub(super) fn daemon_started(
     config: &MpsDaemonConfig,
 ) -> Result<(), ErrorKind> {
     let g = inner.gpu_mut(gpu)?;
-    if g.time_slice != TimeSlice::Default {
-        return Err(ErrorKind::InUse(
-            "the GPU is shared by time-slicing; MPS and time-slicing cannot share a GPU".into(),
-        ));
+    if let Some(refused) = mps_refused(g) {
+        return Err(refused);
     }
     g.mps = Some(SimMps {
         pid,

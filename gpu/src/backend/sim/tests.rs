@@ -147,6 +147,30 @@ fn a_gpu_the_node_cannot_reset_stays_pending() {
 }
 
 #[test]
+fn no_mps_server_runs_on_a_gpu_with_mig_mode_on() {
+    // An A100 whose MIG mode is on and a switch off only pending: CUDA still sees MIG
+    // devices only, so the daemon is refused until the reset.
+    let s =
+        sim("gpus: [{model: h100-80gb, migEnabled: true}, {model: a100-40gb, migEnabled: true}]");
+    let err = s.start_mps(0, &MpsDaemonConfig::default()).unwrap_err();
+    assert!(matches!(err.kind, ErrorKind::NotSupported(_)), "{err:?}");
+    assert!(chain(&err).contains("MIG mode is on"), "{}", chain(&err));
+    assert_eq!(s.mps_state(0).unwrap(), MpsState::Stopped);
+    // The daemon that runs as its own process is held to the same rule.
+    assert!(
+        s.mps_daemon_started(0, 4242, &MpsDaemonConfig::default())
+            .is_err()
+    );
+    assert!(s.set_mig_mode(1, false).unwrap().reset_required);
+    assert!(s.start_mps(1, &MpsDaemonConfig::default()).is_err());
+    s.reset_gpu(1).unwrap();
+    s.start_mps(1, &MpsDaemonConfig::default()).unwrap();
+    // Once MIG mode is off, the daemon starts.
+    s.set_mig_mode(0, false).unwrap();
+    s.start_mps(0, &MpsDaemonConfig::default()).unwrap();
+}
+
+#[test]
 fn mps_daemons_start_idempotently_and_block_mig_mode_changes() {
     let s = sim("gpus: [{model: h100-80gb}]");
     let cfg = MpsDaemonConfig {
@@ -206,16 +230,19 @@ fn state_survives_a_process_restart() {
         ..SimConfig::default()
     };
     let before = {
-        let s = SimBackend::new(cfg("gpus: [{model: a100-40gb, migEnabled: true}]")).unwrap();
+        let s = SimBackend::new(cfg(
+            "gpus: [{model: a100-40gb, migEnabled: true}, {model: a100-40gb, migEnabled: false}]",
+        ))
+        .unwrap();
         s.create_mig_device(0, 9, 0).unwrap();
         s.create_gpu_instance(0, 15, 6).unwrap();
-        s.start_mps(0, &MpsDaemonConfig::default()).unwrap();
+        s.start_mps(1, &MpsDaemonConfig::default()).unwrap();
         (s.gpus().unwrap(), s.mig_instances(0).unwrap())
     };
     // Another inventory: the state file wins, like hardware that outlived the plugin.
     let s = SimBackend::new(cfg("gpus: [{model: l4}]")).unwrap();
     assert_eq!((s.gpus().unwrap(), s.mig_instances(0).unwrap()), before);
-    assert!(matches!(s.mps_state(0).unwrap(), MpsState::Running { .. }));
+    assert!(matches!(s.mps_state(1).unwrap(), MpsState::Running { .. }));
     // The rules still hold on the reloaded state.
     assert!(s.create_gpu_instance(0, 5, 0).is_err());
     assert!(s.destroy_gpu_instance(0, 1).is_err());

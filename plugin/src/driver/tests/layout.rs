@@ -8,7 +8,7 @@ use tessera_gpu::{Placement, find_model};
 use super::*;
 use crate::{
     checkpoint::{HeldInstance, HeldLayout},
-    driver::{GpuWant, HoldReport},
+    driver::{GpuWant, HoldReport, MigModeWant},
 };
 
 /// The placement of `profile` at `start` on `model`.
@@ -25,7 +25,7 @@ fn layout(gpu: u32, placements: Vec<Placement>, allow_reset: bool) -> BTreeMap<u
         gpu,
         GpuWant {
             layout: placements,
-            mig_mode: Some(true),
+            mig_mode: MigModeWant::On,
             allow_reset,
             ..GpuWant::default()
         },
@@ -387,19 +387,19 @@ fn what_each_gpu_holds_ahead_of_claims_follows_its_offer_and_spec_entry() {
         },
         GpuOffer::Exclusive,
     ];
-    let w = crate::driver::wants(&gpus, &offers, Some(&spec));
-    let got: Vec<(u32, usize, Option<bool>, bool)> = w
+    let w = crate::driver::wants(&gpus, &offers, Some(&spec), &BTreeMap::new());
+    let got: Vec<(u32, usize, MigModeWant, bool)> = w
         .iter()
         .map(|(g, w)| (*g, w.layout.len(), w.mig_mode, w.allow_reset))
         .collect();
     assert_eq!(
         got,
         [
-            (0, 1, Some(true), false),
-            (1, 0, Some(true), true),
-            (2, 0, Some(false), false),
-            (3, 0, None, false),
-            (4, 0, None, false),
+            (0, 1, MigModeWant::On, false),
+            (1, 0, MigModeWant::On, true),
+            (2, 0, MigModeWant::Off, false),
+            (3, 0, MigModeWant::Leave, false),
+            (4, 0, MigModeWant::Leave, false),
         ],
         "the L4 has no MIG and no entry"
     );

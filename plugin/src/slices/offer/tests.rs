@@ -294,12 +294,42 @@ fn an_unreadable_pinned_memory_limit_falls_back_to_the_default_share() {
         "strategy": "MPS",
         "mps": { "defaultPinnedMemoryLimit": "lots" }
     }]));
-    let (offers, _) = resolve(Some(&s));
+    let (offers, warnings) = resolve(Some(&s));
     assert!(
         matches!(offers[0], GpuOffer::Mps { default_memory_mib, .. } if default_memory_mib == 81559 / 8),
         "{:?}",
         offers[0]
     );
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("\"lots\" is not a memory quantity")),
+        "{warnings:?}"
+    );
+}
+
+#[test]
+fn every_quantity_form_the_api_server_accepts_sets_the_pinned_memory_limit() {
+    // Issue 37: `8e9` passed the CRD's isQuantity check and was then ignored.
+    for (q, mib) in [
+        ("8e9", 7630),
+        ("8Gi", 8192),
+        ("8G", 7630),
+        ("+.5Ti", 524_288),
+    ] {
+        let s = spec(json!([{
+            "index": 0,
+            "strategy": "MPS",
+            "mps": { "defaultPinnedMemoryLimit": q }
+        }]));
+        let (offers, warnings) = resolve(Some(&s));
+        assert!(
+            matches!(offers[0], GpuOffer::Mps { default_memory_mib, .. } if default_memory_mib == mib),
+            "{q}: {:?}",
+            offers[0]
+        );
+        assert!(warnings.is_empty(), "{q}: {warnings:?}");
+    }
 }
 
 #[test]

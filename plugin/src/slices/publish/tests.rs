@@ -304,3 +304,39 @@ fn another_set_of_slices_needs_a_new_generation() {
     let renamed = [named("a", &["d0"]), named("c", &["d1"])];
     assert_eq!(plan(&held, &renamed), Plan::NewGeneration);
 }
+
+#[tokio::test]
+async fn slice_names_of_a_very_long_node_name_stay_valid_unique_and_in_order() {
+    let label = "a".repeat(63);
+    let long = [label.as_str(); 4].join("."); // 255: longer than any node name may be
+    let node = &long[..250];
+    let other = format!("{}b", &long[..249]);
+    let names = |node: &str| -> Vec<String> {
+        let p = publisher(node);
+        let mut v = vec![p.counter_slice_name(0), p.counter_slice_name(12)];
+        v.extend((0..16).map(|i| p.device_slice_name(i)));
+        v
+    };
+    let a = names(node);
+    for n in &a {
+        assert!(n.len() <= 253, "{} characters: {n}", n.len());
+        assert!(
+            n.split('.').all(|l| !l.is_empty()
+                && l.len() <= 63
+                && l.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && l.ends_with(|c: char| c.is_ascii_alphanumeric())),
+            "not a DNS subdomain: {n}"
+        );
+    }
+    let devices = &a[2..];
+    let mut sorted = devices.to_vec();
+    sorted.sort();
+    assert_eq!(sorted, devices, "position order is name order");
+    let b = names(&other);
+    assert!(a.iter().all(|n| !b.contains(n)), "two nodes share no name");
+    // A node name of usual length keeps its readable names.
+    assert_eq!(
+        publisher("node-a").device_slice_name(3),
+        "node-a-gpu.tessera.dev-03"
+    );
+}
