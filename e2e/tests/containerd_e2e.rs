@@ -152,14 +152,16 @@ async fn gpu_node_with_tessera(
             let slices = slices.clone();
             async move {
                 let list = slices.list(&ListParams::default()).await.ok()?;
-                let names: Vec<String> = list
+                // Each device says what it is in its `type` attribute.
+                let types: Vec<String> = list
                     .items
                     .iter()
                     .filter(|s| s.spec.node_name.as_deref() == Some("gpu-ctr"))
-                    .flat_map(|s| s.spec.devices.iter().flatten().map(|d| d.name.clone()))
+                    .flat_map(|s| s.spec.devices.iter().flatten())
+                    .filter_map(|d| d.attributes.as_ref()?.get("type")?.string.clone())
                     .collect();
-                let has = |p: &str| names.iter().any(|n| n.contains(p));
-                (has("mig") && has("mps") && has("ts")).then_some(())
+                let has = |t: &str| types.iter().any(|n| n == t);
+                (has("mig") && has("gpu") && has("mps") && has("timeslice")).then_some(())
             }
         },
     )
@@ -365,12 +367,16 @@ async fn tessera_from_its_chart_gives_real_containers_their_gpus() {
             )
         })
         .collect();
+    // The CRI names a container's image by its id: Tessera's, as the node imported it.
+    let inspect = node
+        .crictl(&["inspecti", "-o", "json", &images.tessera])
+        .unwrap();
+    let inspect: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
+    let tessera_id = inspect["status"]["id"].as_str().unwrap().to_string();
     for name in ["plugin", "operator"] {
         assert!(
-            running
-                .iter()
-                .any(|(n, i)| n == name && i.contains("tessera")),
-            "no {name} container from Tessera's image in {running:?}"
+            running.iter().any(|(n, i)| n == name && *i == tessera_id),
+            "no {name} container from Tessera's image ({tessera_id}) in {running:?}"
         );
     }
 
