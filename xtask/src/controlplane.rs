@@ -160,7 +160,13 @@ fn print_env(kubeconfig: &std::path::Path, bin_dir: &std::path::Path) {
 }
 
 /// Starts a control plane in `run/<name>`; returns it still attached.
-pub async fn start(version: Option<K8sVersion>, name: &str) -> anyhow::Result<ControlPlane> {
+/// Starts a control plane in the run directory `name`; with `node_network`, containerd
+/// nodes can join it (`tessera_e2e::ControlPlaneOptions::node_network`).
+pub async fn start(
+    version: Option<K8sVersion>,
+    name: &str,
+    node_network: bool,
+) -> anyhow::Result<ControlPlane> {
     let bins = build(version)?;
     let dir = run_dir(name)?;
     if read_state(&dir).is_ok() {
@@ -176,6 +182,7 @@ pub async fn start(version: Option<K8sVersion>, name: &str) -> anyhow::Result<Co
     let started = std::time::Instant::now();
     let cp = ControlPlane::start(ControlPlaneOptions {
         dir: Some(dir),
+        node_network,
         ..ControlPlaneOptions::new(bins)
     })
     .await?;
@@ -189,7 +196,7 @@ pub async fn start(version: Option<K8sVersion>, name: &str) -> anyhow::Result<Co
 }
 
 async fn up(version: Option<K8sVersion>, detach: bool) -> anyhow::Result<()> {
-    let cp = start(version, "default").await?;
+    let cp = start(version, "default", false).await?;
     if detach {
         let bin_dir = cp.bins().dir.clone();
         let state = cp.detach()?;
