@@ -174,22 +174,28 @@ mod tests {
     /// not reachable from here, and a connection made inside reaches it.
     #[tokio::test]
     async fn sockets_opened_inside_live_in_the_namespace() {
+        use std::io::BufRead;
         let mut holder = std::process::Command::new("unshare")
-            .args(["--net", "--", "sh", "-c", "ip link set lo up && sleep 60"])
+            .args([
+                "--net",
+                "--",
+                "sh",
+                "-c",
+                "ip link set lo up && echo up && exec sleep 60",
+            ])
+            .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
+        // A bind succeeds while lo is still down (127.0.0.1 is on it either way), a
+        // connect does not: wait for the holder to say lo is up.
+        let mut line = String::new();
+        std::io::BufReader::new(holder.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "up");
         let ns = NetNs::of_process(holder.id()).unwrap();
         let addr: SocketAddr = "127.0.0.1:47123".parse().unwrap();
-        let listener = crate::wait::eventually(
-            "lo in the namespace to be up",
-            Duration::from_secs(5),
-            || {
-                let ns = ns.clone();
-                async move { ns.bind(addr).await.ok() }
-            },
-        )
-        .await
-        .unwrap();
+        let listener = ns.bind(addr).await.unwrap();
         let listener = TcpListener::from_std(listener).unwrap();
         let server = tokio::spawn(async move {
             let (mut s, _) = listener.accept().await.unwrap();
