@@ -4,11 +4,19 @@
 // (k8s.io/kubernetes/pkg/kubelet/cm/dra) prepares and unprepares claims over the plugin's
 // socket, checkpoints them, watches device health and fills allocatedResourcesStatus.
 //
-// Only the container runtime is simulated: an in-process fake CRI server
-// (k8s.io/cri-client/pkg/fake), so no containerd, runc, images or cgroups are needed.
-// The kubelet's CreateContainer requests are appended, one JSON object a line, to
-// <root-dir>/containers.jsonl so tests can read the CDI device ids the kubelet handed to
-// the runtime.
+// Its container runtime is either simulated, an in-process fake CRI server
+// (k8s.io/cri-client/pkg/fake), so no containerd, runc, images or cgroups are needed; or,
+// with --container-runtime-endpoint, a real one (containerd), with what a kubelet needs
+// to run real containers: the kubelet's own volume plugins, mounter and host utilities,
+// its prober, and its server (logs, exec) with x509 client authentication and webhook
+// authorization. Either way, the kubelet's CreateContainer requests are appended, one JSON
+// object a line, to <root-dir>/containers.jsonl so tests can read the CDI device ids the
+// kubelet handed to the runtime.
+//
+// The container manager stays kubemark's stub (with the real DRA manager, below) in both
+// modes: the real one would take over the host's cgroup hierarchy and kernel settings
+// (vm.overcommit_memory, kernel.panic), which a test bed sharing a machine must not
+// touch, and it adds nothing to what DRA does (docs/development/test-bed.md).
 //
 // It follows kubemark's hollow node (pkg/kubemark, cmd/kubemark/app/hollow_node.go) with
 // two changes: stock kubemark passes a stub container manager whose DRA hooks do nothing,
@@ -33,9 +41,11 @@ import (
 	"syscall"
 	"time"
 
+	noopoteltrace "go.opentelemetry.io/otel/trace/noop"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	clientset "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	internalapi "k8s.io/cri-api/pkg/apis"
@@ -45,6 +55,7 @@ import (
 	pluginwatcherapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	kubeletapp "k8s.io/kubernetes/cmd/kubelet/app"
 	"k8s.io/kubernetes/cmd/kubelet/app/options"
+	"k8s.io/kubernetes/pkg/kubelet"
 	kubeletconfig "k8s.io/kubernetes/pkg/kubelet/apis/config"
 	cadvisortest "k8s.io/kubernetes/pkg/kubelet/cadvisor/testing"
 	"k8s.io/kubernetes/pkg/kubelet/cm"
@@ -65,6 +76,10 @@ func main() {
 		rootDir    = flag.String("root-dir", "", "absolute kubelet root directory: plugins_registry/, plugins/, DRA checkpoint, fake CRI socket, containers.jsonl (required)")
 		nodeLabels = flag.String("node-labels", "", "labels the kubelet registers its Node with, k=v[,k=v...]")
 		maxPods    = flag.Int("max-pods", 110, "pods the node admits")
+		runtime    = flag.String("container-runtime-endpoint", "", "CRI endpoint of a real container runtime (unix://...); empty: the in-process fake CRI")
+		nodeIP     = flag.String("node-ip", "", "the node's address (with --container-runtime-endpoint); the kubelet server listens there")
+		port       = flag.Int("port", 10250, "port of the kubelet server (with --container-runtime-endpoint)")
+		clientCA   = flag.String("client-ca-file", "", "CA of the client certificates the kubelet server accepts (the API server's); required with --container-runtime-endpoint")
 	)
 	klog.InitFlags(nil)
 	flag.Parse()
@@ -80,7 +95,15 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := run(ctx, *kubeconfig, *nodeName, *rootDir, labels, *maxPods); err != nil {
+	var cri *criOptions
+	if *runtime != "" {
+		if *nodeIP == "" || *clientCA == "" {
+			fmt.Fprintln(os.Stderr, "tessera-hollow-kubelet: --container-runtime-endpoint needs --node-ip and --client-ca-file")
+			os.Exit(2)
+		}
+		cri = &criOptions{endpoint: *runtime, nodeIP: *nodeIP, port: *port, clientCA: *clientCA}
+	}
+	if err := run(ctx, *kubeconfig, *nodeName, *rootDir, labels, *maxPods, cri); err != nil {
 		klog.ErrorS(err, "tessera-hollow-kubelet failed")
 		klog.Flush()
 		os.Exit(1)
@@ -103,7 +126,15 @@ func parseLabels(s string) (map[string]string, error) {
 	return labels, nil
 }
 
-func run(ctx context.Context, kubeconfig, nodeName, rootDir string, labels map[string]string, maxPods int) error {
+// criOptions: a real container runtime and the kubelet server that goes with it.
+type criOptions struct {
+	endpoint string
+	nodeIP   string
+	port     int
+	clientCA string
+}
+
+func run(ctx context.Context, kubeconfig, nodeName, rootDir string, labels map[string]string, maxPods int, cri *criOptions) error {
 	logger := klog.FromContext(ctx)
 	for _, dir := range []string{rootDir, filepath.Join(rootDir, "pod-logs")} {
 		if err := os.MkdirAll(dir, 0o750); err != nil {
@@ -116,6 +147,9 @@ func run(ctx context.Context, kubeconfig, nodeName, rootDir string, labels map[s
 	}
 	clientConfig.UserAgent = "tessera-hollow-kubelet"
 	f, c := kubeletConfig(nodeName, rootDir, labels, maxPods)
+	if cri != nil {
+		withRuntime(f, c, rootDir, cri)
+	}
 	// As the kubelet's buildKubeletClientConfig (cmd/kubelet/app/server.go): its API
 	// client is throttled at kubeAPIQPS/kubeAPIBurst and speaks its content type. A bare
 	// client-go config would throttle at client-go's own defaults, far below a real
@@ -156,16 +190,28 @@ func run(ctx context.Context, kubeconfig, nodeName, rootDir string, labels map[s
 		return fmt.Errorf("create heartbeat client: %w", err)
 	}
 
-	endpoint := "unix://" + filepath.Join(rootDir, "cri.sock")
-	_ = os.Remove(filepath.Join(rootDir, "cri.sock"))
-	fakeRuntime := fakeremote.NewFakeRemoteRuntime()
-	if err := fakeRuntime.Start(endpoint); err != nil {
-		return fmt.Errorf("start fake CRI at %s: %w", endpoint, err)
-	}
-	defer fakeRuntime.Stop()
-	runtimeService, err := newRuntimeService(ctx, endpoint)
-	if err != nil {
-		return fmt.Errorf("connect to fake CRI: %w", err)
+	var runtimeService internalapi.RuntimeService
+	var imageService internalapi.ImageManagerService
+	if cri == nil {
+		endpoint := "unix://" + filepath.Join(rootDir, "cri.sock")
+		_ = os.Remove(filepath.Join(rootDir, "cri.sock"))
+		fakeRuntime := fakeremote.NewFakeRemoteRuntime()
+		if err := fakeRuntime.Start(endpoint); err != nil {
+			return fmt.Errorf("start fake CRI at %s: %w", endpoint, err)
+		}
+		defer fakeRuntime.Stop()
+		runtimeService, err = newRuntimeService(ctx, endpoint)
+		if err != nil {
+			return fmt.Errorf("connect to fake CRI: %w", err)
+		}
+		imageService = fakeRuntime.ImageService
+	} else {
+		// The kubelet's own connection to the runtime, as its run() makes it.
+		services := &kubelet.Dependencies{TracerProvider: noopoteltrace.NewTracerProvider()}
+		if err := kubelet.PreInitRuntimeService(ctx, c, services); err != nil {
+			return fmt.Errorf("connect to the container runtime at %s: %w", cri.endpoint, err)
+		}
+		runtimeService, imageService = services.RemoteRuntimeService, services.RemoteImageService
 	}
 	recorder, err := newRecordingRuntime(runtimeService, filepath.Join(rootDir, "containers.jsonl"))
 	if err != nil {
@@ -182,16 +228,19 @@ func run(ctx context.Context, kubeconfig, nodeName, rootDir string, labels map[s
 	containerManager := &draContainerManager{ContainerManager: cm.NewStubContainerManager(), dra: draManager}
 
 	hollow := kubemark.NewHollowKubelet(f, c, client, heartbeatClient,
-		&cadvisortest.Fake{NodeName: nodeName}, fakeRuntime.ImageService, recorder, containerManager)
+		&cadvisortest.Fake{NodeName: nodeName}, imageService, recorder, containerManager)
+	server := &options.KubeletServer{KubeletFlags: *f, KubeletConfiguration: *c}
+	if cri != nil {
+		if err := realNodeDependencies(ctx, server, hollow.KubeletDeps, client, nodeName); err != nil {
+			return err
+		}
+	}
 	// Kubemark records events nowhere; the kubelet's real recorder sends them to the API
 	// server, where tests read what a user would see in kubectl describe pod
 	// (FailedPrepareDynamicResources and the like). RunKubelet makes it when none is set.
 	hollow.KubeletDeps.Recorder = nil
 	hollow.KubeletDeps.EventClient = eventClient.CoreV1()
-	if err := kubeletapp.RunKubelet(ctx, &options.KubeletServer{
-		KubeletFlags:         *hollow.KubeletFlags,
-		KubeletConfiguration: *hollow.KubeletConfiguration,
-	}, hollow.KubeletDeps); err != nil {
+	if err := kubeletapp.RunKubelet(ctx, server, hollow.KubeletDeps); err != nil {
 		return fmt.Errorf("run kubelet: %w", err)
 	}
 	logger.Info("tessera-hollow-kubelet running", "node", nodeName, "rootDir", rootDir)
@@ -253,6 +302,57 @@ func kubeletConfig(nodeName, rootDir string, labels map[string]string, maxPods i
 	c.LocalStorageCapacityIsolation = true
 	c.PodLogsDir = filepath.Join(rootDir, "pod-logs")
 	return f, c
+}
+
+// withRuntime configures the kubelet for a real container runtime: the runtime's
+// endpoint, the cgroup driver runc uses by default, and the kubelet server the API server
+// reaches for logs and exec, authenticating it by its client certificate and authorizing
+// with SubjectAccessReviews, as a real node's kubelet does.
+func withRuntime(f *options.KubeletFlags, c *kubeletconfig.KubeletConfiguration, rootDir string, cri *criOptions) {
+	c.ContainerRuntimeEndpoint = cri.endpoint
+	c.ImageServiceEndpoint = cri.endpoint
+	c.CgroupDriver = "cgroupfs"
+	f.NodeIP = cri.nodeIP
+	c.EnableServer = true
+	c.Address = cri.nodeIP
+	c.Port = int32(cri.port)
+	c.EnableDebuggingHandlers = true
+	c.Authentication.Anonymous.Enabled = false
+	c.Authentication.Webhook.Enabled = true
+	c.Authentication.X509.ClientCAFile = cri.clientCA
+	c.Authorization.Mode = kubeletconfig.KubeletAuthorizationModeWebhook
+	// Under the root dir, not the kubelet's defaults (/var/lib/kubelet/pki,
+	// /usr/libexec/kubernetes/...), so nothing is written outside it.
+	f.CertDirectory = filepath.Join(rootDir, "pki")
+	c.VolumePluginDir = filepath.Join(rootDir, "volume-plugins")
+}
+
+// realNodeDependencies replaces kubemark's fakes with what the kubelet's run() uses
+// (UnsecuredDependencies): the real mounter, host utilities, subpath handling and volume
+// plugins, so volumes are really set up for the runtime to mount, the real OOM adjuster,
+// the serving certificate, the prober (HTTP probes reach the pods), and the
+// authenticator and authorizer of the kubelet server.
+func realNodeDependencies(ctx context.Context, s *options.KubeletServer, d *kubelet.Dependencies, client clientset.Interface, nodeName string) error {
+	real, err := kubeletapp.UnsecuredDependencies(ctx, s, utilfeature.DefaultFeatureGate)
+	if err != nil {
+		return fmt.Errorf("kubelet dependencies: %w", err)
+	}
+	d.Mounter = real.Mounter
+	d.Subpather = real.Subpather
+	d.HostUtil = real.HostUtil
+	d.OSInterface = real.OSInterface
+	d.VolumePlugins = real.VolumePlugins
+	d.DynamicPluginProber = real.DynamicPluginProber
+	d.OOMAdjuster = real.OOMAdjuster
+	d.TLSOptions = real.TLSOptions
+	d.ProbeManager = nil
+	auth, runCAReload, err := kubeletapp.BuildAuth(types.NodeName(nodeName), client, s.KubeletConfiguration)
+	if err != nil {
+		return fmt.Errorf("kubelet server authentication: %w", err)
+	}
+	d.Auth = auth
+	runCAReload(ctx.Done())
+	return nil
 }
 
 // draContainerManager is the stub container manager with the real DRA manager hooked in

@@ -8,11 +8,12 @@
 //! way in a separate module so its pins cannot skew Kubernetes' dependency graph.
 //!
 //! The hollow kubelet (`e2e/hollow-kubelet/`, the real kubelet code with a fake container
-//! runtime) is our own Go module, built the same way against each release; its sources
-//! are compiled into this crate, and the binary is rebuilt whenever they change (a stamp
-//! next to it holds their hash).
+//! runtime or containerd) is our own Go module, built the same way against each release;
+//! its sources are compiled into this crate, and the binary is named by their hash
+//! (`tessera-hollow-kubelet-<hash>`), so it is rebuilt whenever they change and two
+//! checkouts with different sources sharing one cache never replace each other's.
 //!
-//! Layout: `${TESSERA_CACHE:-$HOME/.cache/tessera}/k8s/<version>/{bin,src,etcd-src,kubelet-src}`.
+//! Layout: `${TESSERA_CACHE:-$HOME/.cache/tessera}/k8s/<version>/{bin,src,etcd-src,kubelet-src-<hash>}`.
 //! Binaries are built into `bin/.partial/` and moved into `bin/` only when complete, so an
 //! interrupted build is never mistaken for a cached one.
 
@@ -147,7 +148,7 @@ impl BinDir {
     }
 
     /// The binaries the test bed needs that are missing here (the hollow kubelet also
-    /// when it was built from other sources).
+    /// when none was built from these sources).
     pub fn missing(&self) -> Vec<&'static str> {
         let mut missing: Vec<&'static str> = K8S_COMMANDS
             .iter()
@@ -155,15 +156,16 @@ impl BinDir {
             .chain(["etcd"])
             .filter(|name| !self.path(name).is_file())
             .collect();
-        let stamp = std::fs::read_to_string(self.hollow_kubelet_stamp()).unwrap_or_default();
-        if !self.path(HOLLOW_KUBELET).is_file() || stamp.trim() != hollow_kubelet_source_hash() {
+        if !self.hollow_kubelet().is_file() {
             missing.push(HOLLOW_KUBELET);
         }
         missing
     }
 
-    fn hollow_kubelet_stamp(&self) -> PathBuf {
-        self.dir.join(format!("{HOLLOW_KUBELET}.source"))
+    /// The hollow kubelet built from this checkout's sources.
+    pub fn hollow_kubelet(&self) -> PathBuf {
+        self.dir
+            .join(format!("{HOLLOW_KUBELET}-{}", hollow_kubelet_source_hash()))
     }
 
     /// The cached binaries of `version`, if all are present.
@@ -299,7 +301,7 @@ pub fn ensure(version: K8sVersion, progress: &mut dyn FnMut(&str)) -> Result<Bin
         build_hollow_kubelet(
             version,
             &k8s_mod,
-            &root.join("kubelet-src"),
+            &root.join(format!("kubelet-src-{}", hollow_kubelet_source_hash())),
             &bins,
             progress,
         )?;
@@ -516,7 +518,7 @@ fn build_hollow_kubelet(
     go_run(&["mod", "tidy"], src, progress)?;
     let partial = bins.dir.join(".partial");
     create_dir(&partial)?;
-    let target = partial.join(HOLLOW_KUBELET);
+    let target = partial.join(bins.hollow_kubelet().file_name().unwrap_or_default());
     let target_str = target.display().to_string();
     let ldflags = version_ldflags(version);
     // Kubernetes APIs the hollow kubelet calls changed between minors; compat*.go pick
@@ -542,8 +544,7 @@ fn build_hollow_kubelet(
         src,
         progress,
     )?;
-    rename(&target, &bins.path(HOLLOW_KUBELET))?;
-    write(&bins.hollow_kubelet_stamp(), &hollow_kubelet_source_hash())?;
+    rename(&target, &bins.hollow_kubelet())?;
     progress(&format!(
         "  {HOLLOW_KUBELET} built in {}s",
         started.elapsed().as_secs()

@@ -11,10 +11,13 @@
 //!   ([`inject`]).
 //!
 //! - `runc` ([`RUNC_VERSION`], `github.com/opencontainers/runc`, cgo for its `nsenter`,
-//!   without seccomp), which runs a probe in a container made from the OCI spec the
-//!   reference library produced ([`crate::runc`]).
+//!   with seccomp as runc's own releases are: a pod asking for the `RuntimeDefault`
+//!   profile, as the operator's does, cannot start on a runc without it), which runs a
+//!   probe in a container made from the OCI spec the reference library produced
+//!   ([`crate::runc`]), and the containers of the test bed's containerd nodes. It links
+//!   libseccomp (Debian's `libseccomp-dev` to build, `libseccomp2` to run).
 //!
-//! Layout: `${TESSERA_CACHE}/cdi-tools/{nvidia-ctk,runc}-<version>/{bin,src}` and
+//! Layout: `${TESSERA_CACHE}/cdi-tools/{nvidia-ctk-<version>,runc-<version>-seccomp}/{bin,src}` and
 //! `${TESSERA_CACHE}/cdi-tools/cdi-inject-<source hash>/{bin,src}`; built into
 //! `bin/.partial/` and moved into place when complete.
 
@@ -48,8 +51,11 @@ fn ctk_dir() -> anyhow::Result<PathBuf> {
 }
 
 fn runc_dir() -> anyhow::Result<PathBuf> {
-    Ok(tools_dir()?.join(format!("runc-{RUNC_VERSION}")))
+    Ok(tools_dir()?.join(format!("runc-{RUNC_VERSION}-seccomp")))
 }
+
+/// The header a seccomp build of runc compiles against (Debian's `libseccomp-dev`).
+pub const SECCOMP_HEADER: &str = "/usr/include/seccomp.h";
 
 fn inject_dir() -> anyhow::Result<PathBuf> {
     // FNV-1a of the source: a cache key.
@@ -102,6 +108,21 @@ impl CdiTools {
         })
     }
 
+    /// runc for tests, without building: `$TESSERA_RUNC`, else the cached one.
+    pub fn runc_for_tests() -> anyhow::Result<PathBuf> {
+        if let Some(p) = std::env::var_os("TESSERA_RUNC") {
+            return Ok(p.into());
+        }
+        let cached = runc_dir()?.join("bin/runc");
+        if cached.is_file() {
+            return Ok(cached);
+        }
+        bail!(
+            "{} is not built: run `cargo xtask controlplane build` (cargo xtask test does), or set TESSERA_RUNC",
+            cached.display()
+        )
+    }
+
     /// Builds whatever is not cached; `progress` gets one line at a time, with how long
     /// each build took.
     pub fn ensure(progress: &mut dyn FnMut(&str)) -> anyhow::Result<Self> {
@@ -116,12 +137,18 @@ impl CdiTools {
     }
 }
 
-fn ensure_runc(progress: &mut dyn FnMut(&str)) -> anyhow::Result<PathBuf> {
+/// Builds runc (with seccomp) unless it is cached; returns its path.
+pub(crate) fn ensure_runc(progress: &mut dyn FnMut(&str)) -> anyhow::Result<PathBuf> {
     let root = runc_dir()?;
     let bin = root.join("bin/runc");
     if bin.is_file() {
         progress(&format!("runc {RUNC_VERSION}: cached in {}", bin.display()));
         return Ok(bin);
+    }
+    if !Path::new(SECCOMP_HEADER).is_file() {
+        bail!(
+            "building runc with seccomp needs libseccomp's headers ({SECCOMP_HEADER}): install Debian's libseccomp-dev (cargo xtask test does when run as root)"
+        );
     }
     let started = Instant::now();
     let src = root.join("src");
@@ -142,13 +169,13 @@ fn ensure_runc(progress: &mut dyn FnMut(&str)) -> anyhow::Result<PathBuf> {
     let target_str = target.display().to_string();
     // What runc's Makefile stamps, so `runc --version` names the release.
     let ldflags = format!("-X main.version={}", RUNC_VERSION.trim_start_matches('v'));
-    progress(&format!(
-        "  runc {RUNC_VERSION}: go build (cgo, without seccomp)"
-    ));
+    progress(&format!("  runc {RUNC_VERSION}: go build (cgo, seccomp)"));
     go_run_with(
         &[
             "build",
             "-trimpath",
+            "-tags",
+            "seccomp",
             "-ldflags",
             &ldflags,
             "-o",

@@ -9,6 +9,12 @@
 //!   not-ready taint.
 //! - kube-controller-manager runs only the controllers the tests need; in particular no
 //!   node-lifecycle controller, which would taint and evict pods on kubelet-less Nodes.
+//! - With [`ControlPlaneOptions::node_network`], for nodes that run real containers
+//!   ([`crate::containerd_node`]): pods get ServiceAccount tokens (admission plugin and
+//!   the `kube-root-ca.crt` publisher on) and reach the API server at the `kubernetes`
+//!   Service's address, and the API server reaches kubelets and pods through an egress
+//!   proxy ([`crate::egress`]). The API server always shows kubelets a client
+//!   certificate of its own CA ([`ControlPlane::kubelet_client_ca`]).
 
 use std::{
     net::TcpListener,
@@ -26,6 +32,7 @@ use tokio::{io::AsyncReadExt, io::AsyncWriteExt, net::TcpStream};
 
 use crate::{
     BinDir, certs,
+    egress::EgressProxy,
     process::{self, Component},
 };
 
@@ -124,6 +131,10 @@ pub struct ControlPlaneOptions {
     /// kube-controller-manager controllers to run besides the test bed's own, e.g.
     /// `deployment-controller` for a test that installs workloads as a user would.
     pub extra_controllers: Vec<String>,
+    /// Serve nodes that run real containers: ServiceAccount tokens in pods, the
+    /// `kube-root-ca.crt` ConfigMap in every namespace, and the egress proxy through which
+    /// the API server reaches kubelets and pods.
+    pub node_network: bool,
 }
 
 impl ControlPlaneOptions {
@@ -135,6 +146,7 @@ impl ControlPlaneOptions {
             extra_feature_gates: Vec::new(),
             nice: None,
             extra_controllers: Vec::new(),
+            node_network: false,
         }
     }
 }
@@ -169,6 +181,7 @@ pub struct ControlPlane {
     extra_gates: Vec<String>,
     nice: Option<i32>,
     extra_controllers: Vec<String>,
+    egress: Option<EgressProxy>,
 }
 
 impl ControlPlane {
@@ -195,7 +208,18 @@ impl ControlPlane {
             }
         };
         let extra_gates = opts.extra_feature_gates;
+        let egress = if opts.node_network {
+            let socket = dir.join("egress.sock");
+            Some(EgressProxy::start(&socket).map_err(|source| Error::Io {
+                action: "serving the egress proxy on",
+                path: socket,
+                source,
+            })?)
+        } else {
+            None
+        };
         let mut cp = Self {
+            egress,
             extra_gates,
             nice: opts.nice,
             extra_controllers: opts.extra_controllers,
@@ -237,6 +261,9 @@ impl ControlPlane {
         write(&dir.join("serving.key"), &m.serving_key_pem)?;
         write(&dir.join("sa.key"), &m.sa_key_pem)?;
         write(&dir.join("sa.pub"), &m.sa_pub_pem)?;
+        write(&dir.join("kubelet-client-ca.crt"), &m.kubelet_client_ca_pem)?;
+        write(&dir.join("kubelet-client.crt"), &m.kubelet_client_cert_pem)?;
+        write(&dir.join("kubelet-client.key"), &m.kubelet_client_key_pem)?;
         write(
             &dir.join("tokens.csv"),
             &format!("{token},{ADMIN_USER},{ADMIN_USER},\"system:masters\"\n"),
@@ -304,7 +331,11 @@ impl ControlPlane {
             format!("--service-account-signing-key-file={}", path("sa.key")),
             "--service-cluster-ip-range=10.0.0.0/24".into(),
             "--allow-privileged=true".into(),
-            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition".into(),
+            format!(
+                "--kubelet-client-certificate={}",
+                path("kubelet-client.crt")
+            ),
+            format!("--kubelet-client-key={}", path("kubelet-client.key")),
             // The `kubernetes` Service endpoints would point at loopback, which the
             // endpoints API refuses; nothing here uses in-cluster discovery.
             "--endpoint-reconciler-type=none".into(),
@@ -315,6 +346,22 @@ impl ControlPlane {
                 std::env::var_os("TESSERA_PROFILE_APISERVER").is_some()
             ),
         ];
+        match &self.egress {
+            Some(egress) => {
+                write(&dir.join("egress.yaml"), &egress.selector_config())?;
+                api_args.extend([
+                    // Pods get their ServiceAccount's token; Nodes are still admitted
+                    // without the not-ready taint, which only the node-lifecycle
+                    // controller (left out) would take off again.
+                    "--disable-admission-plugins=TaintNodesByCondition".into(),
+                    format!("--egress-selector-config-file={}", path("egress.yaml")),
+                    // A node's only address the egress proxy routes is its InternalIP.
+                    "--kubelet-preferred-address-types=InternalIP".into(),
+                ]);
+            }
+            None => api_args
+                .push("--disable-admission-plugins=ServiceAccount,TaintNodesByCondition".into()),
+        }
         if !gates.is_empty() {
             api_args.push(format!("--feature-gates={gates}"));
         }
@@ -354,8 +401,18 @@ impl ControlPlane {
         ]
         .into_iter()
         .chain(self.extra_controllers.iter().map(String::as_str))
+        .chain(
+            self.egress
+                .is_some()
+                .then_some("root-ca-certificate-publisher-controller"),
+        )
         .collect();
         kcm.push(format!("--controllers={}", controllers.join(",")));
+        if self.egress.is_some() {
+            // What pods' ServiceAccount volumes carry as ca.crt: the serving
+            // certificate is its own CA.
+            kcm.push(format!("--root-ca-file={}", path("serving.crt")));
+        }
         self.spawn("kube-controller-manager", kcm, &logs)?;
         self.ready_is("kube-scheduler", Ready::Https(sched_port));
         self.ready_is("kube-controller-manager", Ready::Https(kcm_port));
@@ -546,6 +603,23 @@ impl ControlPlane {
     /// The binaries in use.
     pub fn bins(&self) -> &BinDir {
         &self.bins
+    }
+
+    /// The CA a kubelet trusts the API server's client certificate by (its
+    /// `clientCAFile`).
+    pub fn kubelet_client_ca(&self) -> PathBuf {
+        self.dir.join("kubelet-client-ca.crt")
+    }
+
+    /// The routes of the egress proxy to the nodes' networks (with
+    /// [`ControlPlaneOptions::node_network`]).
+    pub fn node_routes(&self) -> Option<&crate::egress::Routes> {
+        self.egress.as_ref().map(EgressProxy::routes)
+    }
+
+    /// The API server's port on loopback.
+    pub fn api_port(&self) -> Option<u16> {
+        self.server.rsplit(':').next()?.parse().ok()
     }
 
     /// A client with cluster-admin rights.

@@ -1,8 +1,9 @@
 //! The kubelet of one simulated node: the **real kubelet code** (`tessera-hollow-kubelet`,
 //! built from `e2e/hollow-kubelet/` against the suite's Kubernetes release), with the
-//! kubelet's own plugin manager, DRA manager, pod workers and status manager. Only the
+//! kubelet's own plugin manager, DRA manager, pod workers and status manager. Its
 //! container runtime is simulated (an in-process fake CRI), so pods "run" without
-//! containers.
+//! containers; or, started with [`HollowKubelet::start_with_runtime`], it is a containerd
+//! node's kubelet and pods run in real containers ([`crate::containerd_node`]).
 //!
 //! The kubelet registers its Node itself, finds the plugin's registration socket in
 //! `<root>/plugins_registry/` with its plugin watcher, registers it through its own gRPC
@@ -23,7 +24,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use serde::Deserialize;
 
-use crate::{BinDir, ControlPlane, binaries::HOLLOW_KUBELET, wait::eventually};
+use crate::{BinDir, ControlPlane, wait::eventually};
 
 /// How long a kubelet gets to register its Node and report Ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -48,14 +49,36 @@ pub struct ContainerRecord {
     pub cdi_devices: Vec<String>,
 }
 
+/// A real container runtime for the kubelet (`--container-runtime-endpoint`) and what
+/// goes with it.
+#[derive(Clone, Debug)]
+pub struct RealRuntime {
+    /// The runtime's CRI endpoint as the kubelet names it (`unix:///run/...`).
+    pub endpoint: String,
+    /// The node's address; the kubelet server listens there.
+    pub node_ip: std::net::Ipv4Addr,
+    /// The CA of the client certificates the kubelet server accepts (the API server's).
+    pub client_ca: PathBuf,
+    /// The command that runs a program inside the node (`nsenter -t <pid> -m -n --`).
+    pub enter: Vec<String>,
+    /// The kubeconfig the kubelet uses: the API server as the node reaches it.
+    pub kubeconfig: PathBuf,
+    /// The kubelet's root directory as this process sees it.
+    pub host_root: PathBuf,
+}
+
 /// A running hollow kubelet.
 pub struct HollowKubelet {
     node: String,
     binary: PathBuf,
+    /// The root directory as the kubelet names it.
     root: PathBuf,
+    /// The same directory as this process sees it.
+    host_root: PathBuf,
     kubeconfig: PathBuf,
     labels: String,
     log: PathBuf,
+    runtime: Option<RealRuntime>,
     child: Option<Child>,
 }
 
@@ -68,20 +91,51 @@ impl HollowKubelet {
         root: &Path,
         labels: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
-        std::fs::create_dir_all(root)?;
+        Self::start_inner(cp, node, root, labels, None).await
+    }
+
+    /// Starts the kubelet of `node` on a real container runtime, inside the node
+    /// (`runtime.enter`), with its root directory at `root` as the node names it, and
+    /// waits until its Node is Ready.
+    pub async fn start_with_runtime(
+        cp: &ControlPlane,
+        node: &str,
+        root: &Path,
+        labels: &[(&str, &str)],
+        runtime: RealRuntime,
+    ) -> anyhow::Result<Self> {
+        Self::start_inner(cp, node, root, labels, Some(runtime)).await
+    }
+
+    async fn start_inner(
+        cp: &ControlPlane,
+        node: &str,
+        root: &Path,
+        labels: &[(&str, &str)],
+        runtime: Option<RealRuntime>,
+    ) -> anyhow::Result<Self> {
+        let host_root = runtime
+            .as_ref()
+            .map_or_else(|| root.to_path_buf(), |r| r.host_root.clone());
+        std::fs::create_dir_all(&host_root)?;
         let mut kubelet = Self {
             node: node.to_string(),
             binary: binary(cp.bins())?,
             root: root.to_path_buf(),
             // The test bed's API server authorizes by RBAC alone (no Node authorizer), so
             // the admin identity stands in for a node credential.
-            kubeconfig: cp.kubeconfig_path().to_path_buf(),
+            kubeconfig: runtime.as_ref().map_or_else(
+                || cp.kubeconfig_path().to_path_buf(),
+                |r| r.kubeconfig.clone(),
+            ),
             labels: labels
                 .iter()
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect::<Vec<_>>()
                 .join(","),
-            log: root.join("kubelet.log"),
+            log: host_root.join("kubelet.log"),
+            host_root,
+            runtime,
             child: None,
         };
         kubelet.spawn()?;
@@ -94,7 +148,22 @@ impl HollowKubelet {
             .create(true)
             .append(true)
             .open(&self.log)?;
-        let mut cmd = Command::new(&self.binary);
+        let mut cmd = match self.runtime.as_ref().and_then(|r| r.enter.split_first()) {
+            Some((enter, args)) => {
+                let mut c = Command::new(enter);
+                c.args(args).arg(&self.binary);
+                c
+            }
+            None => Command::new(&self.binary),
+        };
+        if let Some(r) = &self.runtime {
+            cmd.arg("--container-runtime-endpoint")
+                .arg(&r.endpoint)
+                .arg("--node-ip")
+                .arg(r.node_ip.to_string())
+                .arg("--client-ca-file")
+                .arg(&r.client_ca);
+        }
         cmd.arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .args(["--node-name", &self.node])
@@ -157,14 +226,20 @@ impl HollowKubelet {
         &self.node
     }
 
-    /// Where the kubelet's plugin watcher looks for registration sockets.
+    /// Where the kubelet's plugin watcher looks for registration sockets (as this
+    /// process sees it).
     pub fn registry_dir(&self) -> PathBuf {
-        self.root.join("plugins_registry")
+        self.host_root.join("plugins_registry")
     }
 
-    /// Where plugins put their service sockets.
+    /// Where plugins put their service sockets (as this process sees it).
     pub fn plugins_dir(&self) -> PathBuf {
-        self.root.join("plugins")
+        self.host_root.join("plugins")
+    }
+
+    /// The kubelet's root directory as it names it (inside its node).
+    pub fn root_dir(&self) -> &Path {
+        &self.root
     }
 
     /// Kills the kubelet with SIGKILL, as a crash would. Its DRA checkpoint stays on disk;
@@ -193,7 +268,8 @@ impl HollowKubelet {
 
     /// Every `CreateContainer` the kubelet asked of the runtime, oldest first.
     pub fn containers(&self) -> Vec<ContainerRecord> {
-        let text = std::fs::read_to_string(self.root.join("containers.jsonl")).unwrap_or_default();
+        let text =
+            std::fs::read_to_string(self.host_root.join("containers.jsonl")).unwrap_or_default();
         text.lines()
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect()
@@ -244,7 +320,7 @@ impl Drop for HollowKubelet {
 }
 
 fn binary(bins: &BinDir) -> anyhow::Result<PathBuf> {
-    let path = bins.path(HOLLOW_KUBELET);
+    let path = bins.hollow_kubelet();
     if !path.is_file() {
         bail!(
             "{} is not built: run `cargo xtask controlplane build --version {}` (cargo xtask test does)",

@@ -7,7 +7,7 @@
 //! <root>/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 -> …       the SONAME link, and .so
 //! <root>/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05         the cdylib named libcuda.so.1
 //! <root>/usr/lib/x86_64-linux-gnu/lib….so.580.95.05, vdpau/    the other libraries (stubs)
-//! <root>/usr/bin/nvidia-smi, nvidia-cuda-mps-control           the tools, on the same hardware
+//! <root>/usr/bin/nvidia-smi, nvidia-cuda-mps-control/-server   the tools, on the same hardware
 //! <root>/lib/firmware/nvidia/580.95.05/gsp_*.bin               GSP firmware
 //! <root>/dev/nvidiactl, nvidia-modeset, nvidia-uvm, nvidia-uvm-tools, nvidia<N>
 //! <root>/dev/nvidia-caps/nvidia-cap<N>                         one per GPU and compute instance
@@ -59,7 +59,11 @@ pub const NVML_SONAME: &str = "libnvidia-ml.so.1";
 /// The cdylib as cargo builds it.
 pub const BUILT_LIBRARY: &str = "libtessera_simdriver.so";
 /// The tools, by the names the plugin runs.
-pub const TOOLS: [&str; 2] = ["nvidia-smi", "nvidia-cuda-mps-control"];
+pub const TOOLS: [&str; 3] = [
+    "nvidia-smi",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+];
 /// GSP firmware files of the install (`nvidia/<version>/` under `lib/firmware`).
 pub const FIRMWARE: [&str; 2] = ["gsp_ga10x.bin", "gsp_tu10x.bin"];
 

@@ -38,7 +38,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "==> seed {seed} (replay: cargo xtask chaos --seed {seed} --steps {})",
         args.steps
     );
-    let mut cp = controlplane::start(args.version, "chaos").await?;
+    let mut cp = controlplane::start(args.version, "chaos", false).await?;
     let client = cp.admin_client().await?;
     cluster::install_crds(&client, &tessera_api::crds::all()).await?;
     let opts = chaos::Options {

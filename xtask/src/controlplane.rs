@@ -13,8 +13,9 @@ use crate::steps::{human, timed};
 #[derive(clap::Subcommand)]
 pub enum Command {
     /// Build kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, the
-    /// hollow kubelet, Helm and the CDI tools (NVIDIA's generator, the reference CDI
-    /// library) from the Go module proxy into the cache (skips what is cached).
+    /// hollow kubelet, Helm, the CDI tools (NVIDIA's generator, the reference CDI
+    /// library, runc) and the containerd nodes' runtime (containerd, the CNI plugins,
+    /// crictl) from the Go module proxy into the cache (skips what is cached).
     Build(VersionArg),
     /// Start the control plane and print the KUBECONFIG export.
     Up {
@@ -84,6 +85,10 @@ pub fn build_helm() -> anyhow::Result<PathBuf> {
 /// Builds NVIDIA's CDI generator and the reference CDI library's helper (for the CDI
 /// checks) unless they are cached; prints the build time.
 pub fn build_cdi_tools() -> anyhow::Result<tessera_e2e::cdi_tools::CdiTools> {
+    if !std::path::Path::new(tessera_e2e::cdi_tools::SECCOMP_HEADER).is_file() {
+        // runc is built with seccomp, as its releases are.
+        crate::image::install_debian_packages(&["libseccomp-dev"])?;
+    }
     let (tools, _) = timed(
         &format!(
             "nvidia-ctk {}, the CDI {} helper and runc {} from the Go module proxy",
@@ -92,6 +97,21 @@ pub fn build_cdi_tools() -> anyhow::Result<tessera_e2e::cdi_tools::CdiTools> {
             tessera_e2e::cdi_tools::RUNC_VERSION
         ),
         || tessera_e2e::cdi_tools::CdiTools::ensure(&mut |line| println!("{line}")),
+    )?;
+    Ok(tools)
+}
+
+/// Builds containerd, the CNI plugins and crictl (for the test bed's containerd nodes)
+/// unless they are cached; prints the build time.
+pub fn build_runtime_tools() -> anyhow::Result<tessera_e2e::runtime_tools::RuntimeTools> {
+    let (tools, _) = timed(
+        &format!(
+            "containerd {}, the CNI plugins {} and crictl {} from the Go module proxy",
+            tessera_e2e::runtime_tools::CONTAINERD_VERSION,
+            tessera_e2e::runtime_tools::CNI_PLUGINS_VERSION,
+            tessera_e2e::runtime_tools::CRICTL_VERSION
+        ),
+        || tessera_e2e::runtime_tools::RuntimeTools::ensure(&mut |line| println!("{line}")),
     )?;
     Ok(tools)
 }
@@ -109,6 +129,13 @@ pub async fn run(cmd: Command) -> anyhow::Result<()> {
                 tools.nvidia_ctk.display(),
                 tools.inject.display(),
                 tools.runc.display()
+            );
+            let runtime = build_runtime_tools()?;
+            println!(
+                "containerd in {}, CNI plugins in {}, crictl in {}",
+                runtime.containerd_bin.display(),
+                runtime.cni_bin.display(),
+                runtime.crictl.display()
             );
             Ok(())
         }
@@ -133,7 +160,13 @@ fn print_env(kubeconfig: &std::path::Path, bin_dir: &std::path::Path) {
 }
 
 /// Starts a control plane in `run/<name>`; returns it still attached.
-pub async fn start(version: Option<K8sVersion>, name: &str) -> anyhow::Result<ControlPlane> {
+/// Starts a control plane in the run directory `name`; with `node_network`, containerd
+/// nodes can join it (`tessera_e2e::ControlPlaneOptions::node_network`).
+pub async fn start(
+    version: Option<K8sVersion>,
+    name: &str,
+    node_network: bool,
+) -> anyhow::Result<ControlPlane> {
     let bins = build(version)?;
     let dir = run_dir(name)?;
     if read_state(&dir).is_ok() {
@@ -149,6 +182,7 @@ pub async fn start(version: Option<K8sVersion>, name: &str) -> anyhow::Result<Co
     let started = std::time::Instant::now();
     let cp = ControlPlane::start(ControlPlaneOptions {
         dir: Some(dir),
+        node_network,
         ..ControlPlaneOptions::new(bins)
     })
     .await?;
@@ -162,7 +196,7 @@ pub async fn start(version: Option<K8sVersion>, name: &str) -> anyhow::Result<Co
 }
 
 async fn up(version: Option<K8sVersion>, detach: bool) -> anyhow::Result<()> {
-    let cp = start(version, "default").await?;
+    let cp = start(version, "default", false).await?;
     if detach {
         let bin_dir = cp.bins().dir.clone();
         let state = cp.detach()?;

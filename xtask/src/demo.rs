@@ -2,13 +2,22 @@
 //!
 //! Builds what is needed, starts the control plane, installs the CRDs, DeviceClasses,
 //! RBAC and sample policies, starts per node the real kubelet code (a hollow kubelet
-//! with the kubelet's DRA manager) and a real `tessera-plugin` (simulated GPUs), runs the sample workloads of `config/workloads`, prints what a user
-//! would look at, and keeps running until Ctrl-C with a KUBECONFIG kubectl can use.
+//! with the kubelet's DRA manager) and a real `tessera-plugin` (simulated GPUs), runs the
+//! sample workloads of `config/workloads`, adds a node whose pods are real containers
+//! (containerd, runc, CNI; `tessera_e2e::containerd_node`) with a pod on it, prints what a
+//! user would look at, and keeps running until Ctrl-C with a KUBECONFIG kubectl can use.
 
 use std::{process::Command, time::Duration};
 
 use anyhow::Context;
-use tessera_e2e::{K8sVersion, cluster, demo::DemoCluster};
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, api::PostParams};
+use tessera_e2e::{
+    ControlPlane, K8sVersion, cluster,
+    containerd_node::{ContainerdNode, NodeConfig},
+    demo::DemoCluster,
+    node_images::PAUSE_IN_IMAGE,
+};
 
 use crate::{
     controlplane,
@@ -28,7 +37,7 @@ pub struct Args {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     println!("==> building tessera-plugin, tessera-operator and the simulated NVIDIA driver");
     build_node_binaries()?;
-    let cp = controlplane::start(args.version, "default").await?;
+    let cp = controlplane::start(args.version, "default", true).await?;
     let client = cp.admin_client().await?;
     let root = repo_root()?;
     println!("\n==> installing CRDs, RBAC and DeviceClasses");
@@ -45,10 +54,21 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     println!("\n==> running the sample workloads in config/workloads");
     let pods = demo.run_workloads(&cp, Duration::from_secs(120)).await?;
     println!("    {} pods running", pods.len());
+    println!(
+        "\n==> a node whose pods are real containers: containerd with CDI, runc and a CNI bridge (the images are built here)"
+    );
+    let containerd = match containerd_node(&cp).await {
+        Ok(node) => Some(node),
+        Err(e) => {
+            // It needs root (its own namespaces, buildah); the rest of the demo does not.
+            println!("    skipped: {e:#}");
+            None
+        }
+    };
 
     let kubectl = cp.bins().path("kubectl");
     for what in [
-        vec!["get", "nodes", "-L", "tessera.dev/pool"],
+        vec!["get", "nodes", "-o", "wide", "-L", "tessera.dev/pool"],
         vec!["get", "gsp"],
         vec!["describe", "gsp", "l4-mps-shares"],
         vec!["get", "gpunodes"],
@@ -108,10 +128,48 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         println!("\nPress Ctrl-C to stop everything.");
         tokio::signal::ctrl_c().await?;
     }
+    drop(containerd);
     drop(demo);
     drop(cp);
     println!("stopped");
     Ok(())
+}
+
+/// The containerd node `cpu-ctr` (no GPUs) and a pod running on it in a container.
+async fn containerd_node(cp: &ControlPlane) -> anyhow::Result<ContainerdNode> {
+    controlplane::build_runtime_tools()?;
+    let images = crate::node_images::build(&mut Vec::new())?;
+    let node = ContainerdNode::start(
+        cp,
+        NodeConfig {
+            name: "cpu-ctr",
+            labels: &[],
+            inventory: None,
+        },
+        &images,
+    )
+    .await?;
+    let client = cp.admin_client().await?;
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "in-a-container"},
+        "spec": {
+            "nodeName": "cpu-ctr",
+            "containers": [{"name": "pause", "image": images.probe, "command": [PAUSE_IN_IMAGE]}]
+        }
+    }))?;
+    Api::<Pod>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &pod)
+        .await?;
+    cluster::wait_pod_running(
+        &client,
+        "default",
+        "in-a-container",
+        Duration::from_secs(60),
+    )
+    .await?;
+    println!("    node cpu-ctr is Ready; pod in-a-container runs in a runc container there");
+    Ok(node)
 }
 
 /// Keeps the device lists readable: a slice of an H100 has 26 devices.

@@ -44,7 +44,7 @@ use crate::steps::{human, repo_root, timed};
 pub const IMAGE: &str = "localhost/tessera";
 /// The locally made runtime base (of the host's architecture; another's is tagged
 /// `-<arch>`).
-const BASE_IMAGE: &str = "localhost/tessera-base:debian12";
+pub(crate) const BASE_IMAGE: &str = "localhost/tessera-base:debian12";
 /// Debian release of the base: the host's (bookworm), so its glibc is as new as the one
 /// the host-built binaries link against.
 const BASE_SUITE: &str = "bookworm";
@@ -810,6 +810,12 @@ fn ensure_apt_tools(arch: Arch, foreign: bool) -> anyhow::Result<()> {
         .filter(|(tool, _)| which(tool).is_none())
         .map(|(_, package)| *package)
         .collect();
+    install_debian_packages(&missing)
+}
+
+/// Installs `missing` Debian packages with apt-get when run as root; otherwise fails
+/// saying what to install.
+pub fn install_debian_packages(missing: &[&str]) -> anyhow::Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
@@ -829,7 +835,7 @@ fn ensure_apt_tools(arch: Arch, foreign: bool) -> anyhow::Result<()> {
             .args(["install", "-y", "-qq", "--no-install-recommends"])
             // Recommends are for rootless overlay setups (fuse-overlayfs, slirp4netns);
             // vfs storage with chroot isolation as root needs none of them.
-            .args(&missing),
+            .args(missing),
     )
 }
 
@@ -889,7 +895,7 @@ fn ensure_hadolint() -> anyhow::Result<PathBuf> {
 }
 
 /// `buildah` with the storage settings every call shares.
-fn buildah() -> anyhow::Result<Command> {
+pub(crate) fn buildah() -> anyhow::Result<Command> {
     let storage = tessera_e2e::binaries::cache_root()?.join("containers");
     let mut cmd = Command::new("buildah");
     cmd.arg("--storage-driver")
@@ -909,7 +915,7 @@ fn which(name: &str) -> Option<PathBuf> {
     })
 }
 
-fn run_cmd(cmd: &mut Command) -> anyhow::Result<()> {
+pub(crate) fn run_cmd(cmd: &mut Command) -> anyhow::Result<()> {
     let status = cmd
         .status()
         .with_context(|| format!("starting {:?}", cmd.get_program()))?;
@@ -919,7 +925,7 @@ fn run_cmd(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn output(cmd: &mut Command) -> anyhow::Result<String> {
+pub(crate) fn output(cmd: &mut Command) -> anyhow::Result<String> {
     let out = cmd
         .output()
         .with_context(|| format!("starting {:?}", cmd.get_program()))?;
@@ -967,8 +973,24 @@ fn created(root: &Path) -> String {
         .unwrap_or_else(|| "1970-01-01T00:00:00Z".into())
 }
 
+/// Whether a local image exists.
+pub(crate) fn exists(image: &str) -> anyhow::Result<bool> {
+    let out = buildah()?
+        .args([
+            "inspect",
+            "--type",
+            "image",
+            "--format",
+            "{{.FromImageID}}",
+            image,
+        ])
+        .output()
+        .context("running buildah inspect")?;
+    Ok(out.status.success())
+}
+
 /// FNV-1a, a cache key for the base recipe.
-fn fnv(text: &str) -> String {
+pub(crate) fn fnv(text: &str) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in text.bytes() {
         h ^= u64::from(b);

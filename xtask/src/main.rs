@@ -10,6 +10,8 @@
 //!   and code name the same flags, values, metrics, reasons and permissions.
 //! - `cargo xtask chaos [--seed N] [--steps N]`: the fault campaign and its report.
 //! - `cargo xtask image`: lint and build the Dockerfile with buildah, run the binaries in it.
+//! - `cargo xtask node-images`: the images the test bed's containerd nodes import (pause,
+//!   the CUDA probe, Tessera's image), saved as OCI archives.
 //! - `cargo xtask controlplane build|up|env|down`: the local control plane (and Helm).
 
 mod bench;
@@ -20,6 +22,7 @@ mod crds;
 mod demo;
 mod docs;
 mod image;
+mod node_images;
 mod steps;
 mod test;
 
@@ -56,6 +59,9 @@ enum Command {
     /// Lint the Dockerfile, build the image with buildah (base made locally; another
     /// architecture's binaries cross-compiled) and run each binary's --version inside it.
     Image(image::Args),
+    /// Build the images the test bed's containerd nodes run (pause, the CUDA probe and
+    /// Tessera's image) and save them as OCI archives for the tests.
+    NodeImages(node_images::Args),
     /// Build, start, inspect or stop the local Kubernetes control plane.
     #[command(subcommand)]
     Controlplane(controlplane::Command),
@@ -73,6 +79,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(args, &runtime),
         Command::Chaos(args) => runtime.block_on(chaos::run(args)),
         Command::Image(args) => image::run(args),
+        Command::NodeImages(args) => node_images::run(args),
         Command::Controlplane(cmd) => runtime.block_on(controlplane::run(cmd)),
     }
 }

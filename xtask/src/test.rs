@@ -112,6 +112,15 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
         },
     )?;
     let cdi_tools = cdi_tools.ok_or_else(|| anyhow::anyhow!("no CDI tools"))?;
+    let mut runtime = None;
+    step(
+        "containerd, the CNI plugins and crictl (for the containerd nodes)",
+        &mut || {
+            runtime = Some(controlplane::build_runtime_tools()?);
+            Ok(())
+        },
+    )?;
+    let runtime = runtime.ok_or_else(|| anyhow::anyhow!("no container runtime"))?;
     // The end-to-end tests start the plugin and operator binaries and install the
     // simulated driver (its library and tools) on every node: build them first so they
     // never run stale ones.
@@ -138,8 +147,20 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
             )
         },
     )?;
+    // The containerd nodes import these: pause, the probe's image, and Tessera's image
+    // (what `cargo xtask image` builds), which the chart installs.
+    let mut node_images = None;
+    let mut image_steps = Vec::new();
+    step(
+        "the containerd nodes' images (cargo xtask node-images)",
+        &mut || {
+            node_images = Some(crate::node_images::build(&mut image_steps)?);
+            Ok(())
+        },
+    )?;
+    let node_images = node_images.ok_or_else(|| anyhow::anyhow!("no node images"))?;
     let envs = |b: &tessera_e2e::BinDir| {
-        [
+        let mut envs = vec![
             ("TESSERA_K8S_VERSION", b.version.to_string()),
             ("TESSERA_K8S_BIN_DIR", b.dir.display().to_string()),
             ("TESSERA_HELM", helm.display().to_string()),
@@ -150,7 +171,10 @@ pub fn run(args: Args, _rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
             ),
             ("TESSERA_CDI_INJECT", cdi_tools.inject.display().to_string()),
             ("TESSERA_RUNC", cdi_tools.runc.display().to_string()),
-        ]
+            ("TESSERA_NODE_IMAGES", node_images.dir.display().to_string()),
+        ];
+        envs.extend(runtime.test_env());
+        envs
     };
     step(
         &format!(
