@@ -1365,8 +1365,10 @@ async fn a_waiting_claim_free_devices_could_hold_is_left_to_the_scheduler() {
     .await;
     assert!(moved.is_ok(), "{}", op.log_tail(60));
 
-    // A pod waits for CPU no node has; its 1g.10gb claim would fit in GPU 0's free
-    // slices. That is no reason to move idle GPU 1.
+    // A pod waits for a volume that does not exist; its 1g.10gb claim would fit in GPU
+    // 0's free slices. That is no reason to move idle GPU 1. (The wait must be one the
+    // operator's fit check does not model: a pod that fits no node by CPU, memory,
+    // selector or taints leaves its claim unmet instead, since 9888957.)
     let objects = [
         json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
@@ -1380,8 +1382,10 @@ async fn a_waiting_claim_free_devices_could_hold_is_left_to_the_scheduler() {
             "metadata": {"name": "hungry"},
             "spec": {
                 "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                                "resources": {"requests": {"cpu": "1000"}, "claims": [{"name": "gpu"}]}}],
-                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "hungry"}]
+                                "resources": {"claims": [{"name": "gpu"}]},
+                                "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "hungry"}],
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "absent"}}]
             }
         }),
     ];

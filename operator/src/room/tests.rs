@@ -112,6 +112,24 @@ fn cpu_memory_and_pod_count_are_checked_against_what_bound_pods_left() {
 }
 
 #[test]
+fn requests_read_back_in_the_api_servers_canonical_form_count() {
+    // The API server stores a request of 1000 CPUs as `1k`: a parser that knew only
+    // plain numbers and `m` took it for no CPU at all, and the pod for one that fits.
+    let n = node("16", "64Gi", "110");
+    let rooms = Rooms::read([&n], [], []);
+    let wants = PodNeeds::of(&pod(json!({"containers": [container("1k", "1M")]})));
+    assert_eq!(wants.requests.cpu_milli, 1_000_000);
+    assert_eq!(wants.requests.memory_bytes, 1_000_000);
+    assert_eq!(
+        misfit(&wants, "n", &rooms.nodes["n"], &Resources::default()),
+        Some(Misfit::Cpu {
+            want: 1_000_000,
+            left: 16_000
+        })
+    );
+}
+
+#[test]
 fn node_selector_and_required_affinity_follow_the_schedulers_semantics() {
     let room = NodeRoom::of(&node("4", "8Gi", "110"));
     let with = |spec: serde_json::Value| {
