@@ -547,3 +547,26 @@ pub async fn apply_dir(client: &Client, dir: &Path, dry_run: bool) -> Result<Vec
     }
     Ok(out)
 }
+
+/// The events about object `name` in `namespace`, oldest first, each as
+/// "`reason`: `message` (×`count`)".
+pub async fn events_for(client: &Client, namespace: &str, name: &str) -> Result<Vec<String>> {
+    use k8s_openapi::api::core::v1::Event;
+    let mut events = Api::<Event>::namespaced(client.clone(), namespace)
+        .list(&kube::api::ListParams::default().fields(&format!("involvedObject.name={name}")))
+        .await
+        .map_err(kube_err("listing events"))?
+        .items;
+    events.sort_by_key(|e| e.last_timestamp.clone().map(|t| t.0));
+    Ok(events
+        .into_iter()
+        .map(|e| {
+            format!(
+                "{}: {} (×{})",
+                e.reason.unwrap_or_default(),
+                e.message.unwrap_or_default(),
+                e.count.unwrap_or(1)
+            )
+        })
+        .collect())
+}

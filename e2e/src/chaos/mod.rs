@@ -400,10 +400,20 @@ pub async fn run(
     };
     for step in 0..opts.steps {
         let fault = SCHEDULE[(step % SCHEDULE.len() as u64) as usize];
-        c.churn().await?;
-        c.inject(fault)
-            .await
-            .with_context(|| format!("step {step}: {}", fault.name()))?;
+        let done = async {
+            c.churn().await?;
+            c.inject(fault).await
+        }
+        .await;
+        if let Err(e) = done {
+            // A step that cannot finish (a recovery that never came) ends the run: say
+            // what the cluster looked like then, and what the run had found so far, so
+            // the failure is diagnosed from the output rather than from a replay.
+            let diagnosis = c.diagnose().await;
+            (c.progress)(&format!("step {} failed; the cluster then:\n{diagnosis}", step + 1));
+            (c.progress)(&format!("report so far:\n{}", c.report));
+            return Err(e).with_context(|| format!("step {step}: {}", fault.name()));
+        }
         *c.report.faults.entry(fault.name().into()).or_default() += 1;
         c.report.steps = step + 1;
         let snapshot = c.snapshot().await?;
@@ -1001,6 +1011,59 @@ impl Campaign<'_> {
         })
         .await?;
         Ok(())
+    }
+
+    /// What a person needs to see when a step could not finish: every workload pod that
+    /// is not running, with its conditions and its latest events, and the last lines of
+    /// each node's plugin and kubelet.
+    async fn diagnose(&self) -> String {
+        let mut out = String::new();
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), NAMESPACE);
+        match pods.list(&ListParams::default()).await {
+            Ok(list) => {
+                for p in list.items {
+                    let status = p.status.clone().unwrap_or_default();
+                    if status.phase.as_deref() == Some("Running") {
+                        continue;
+                    }
+                    let name = p.metadata.name.clone().unwrap_or_default();
+                    let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+                    out.push_str(&format!(
+                        "pod {name}: phase {:?}, node {node:?}\n",
+                        status.phase
+                    ));
+                    for c in status.conditions.unwrap_or_default() {
+                        out.push_str(&format!(
+                            "  {}={} {} {}\n",
+                            c.type_,
+                            c.status,
+                            c.reason.unwrap_or_default(),
+                            c.message.unwrap_or_default()
+                        ));
+                    }
+                    for e in cluster::events_for(&self.client, NAMESPACE, &name)
+                        .await
+                        .unwrap_or_default()
+                        .iter()
+                        .rev()
+                        .take(8)
+                    {
+                        out.push_str(&format!("  event: {e}\n"));
+                    }
+                }
+            }
+            Err(e) => out.push_str(&format!("listing pods failed: {e}\n")),
+        }
+        for n in &self.nodes {
+            out.push_str(&format!(
+                "--- plugin {} (last lines)\n{}\n--- kubelet {} (last lines)\n{}\n",
+                n.name,
+                n.log_tail(30),
+                n.name,
+                n.kubelet.log_tail(15)
+            ));
+        }
+        out
     }
 
     async fn snapshot(&self) -> anyhow::Result<Snapshot> {
