@@ -410,7 +410,10 @@ pub async fn run(
             // what the cluster looked like then, and what the run had found so far, so
             // the failure is diagnosed from the output rather than from a replay.
             let diagnosis = c.diagnose().await;
-            (c.progress)(&format!("step {} failed; the cluster then:\n{diagnosis}", step + 1));
+            (c.progress)(&format!(
+                "step {} failed; the cluster then:\n{diagnosis}",
+                step + 1
+            ));
             (c.progress)(&format!("report so far:\n{}", c.report));
             return Err(e).with_context(|| format!("step {step}: {}", fault.name()));
         }

@@ -334,9 +334,44 @@ impl Campaign<'_> {
         let t0 = Instant::now();
         self.node_mut(node)?.restart().await?;
         self.serving(node).await?;
-        cluster::wait_pod_running(&self.client, NAMESPACE, &pod, SETTLE).await?;
+        // The room made above may have gone to a pod that was already waiting for this
+        // node: then the abort interrupted that pod's prepare, not ours, and ours waits
+        // for room. Whichever it was, every pod bound to the node must run once the
+        // kubelet retries its prepare on the restarted plugin.
+        let bound = eventually(
+            &format!("every pod bound to {node} running"),
+            SETTLE,
+            || {
+                let (pods, pod) = (pods.clone(), pod.clone());
+                async move {
+                    let list = pods.list(&kube::api::ListParams::default()).await.ok()?;
+                    let bound: Vec<&Pod> = list
+                        .items
+                        .iter()
+                        .filter(|p| p.metadata.deletion_timestamp.is_none())
+                        .filter(|p| {
+                            p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
+                        })
+                        .collect();
+                    bound
+                        .iter()
+                        .all(|p| {
+                            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                        })
+                        .then(|| {
+                            bound
+                                .iter()
+                                .any(|p| p.metadata.name.as_deref() == Some(&pod))
+                        })
+                }
+            },
+        )
+        .await?;
         // Disarm what the retry did not use, so it cannot fire in a later step.
         std::fs::write(self.node_mut(node)?.faults_path(), "{}")?;
+        if !bound {
+            self.report.destroy_refusals_for_another_pod += 1;
+        }
         self.report
             .recovered(Fault::DestroyRefused.name(), t0.elapsed());
         Ok(())

@@ -48,6 +48,9 @@ pub struct Report {
     /// Refused-destroy faults whose pod found no room on its node, so nothing was made to
     /// refuse (the armed faults were cleared).
     pub destroy_refusals_not_reached: u64,
+    /// Refused-destroy faults whose room went to a pod already waiting for the node: the
+    /// instance refused was that pod's, and recovery was judged on it.
+    pub destroy_refusals_for_another_pod: u64,
     /// Invariant checks run.
     pub checks: u64,
     /// Pods created and deleted by the workload.
@@ -154,6 +157,13 @@ impl fmt::Display for Report {
                 f,
                 "({} refused destroys found no instance made: their pod waited for room)",
                 self.destroy_refusals_not_reached
+            )?;
+        }
+        if self.destroy_refusals_for_another_pod > 0 {
+            writeln!(
+                f,
+                "({} refused destroys hit a pod that was already waiting for the node, not the one made for the fault)",
+                self.destroy_refusals_for_another_pod
             )?;
         }
         for miss in &self.checkpoint_dir_misses {
